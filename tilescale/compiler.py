@@ -1,0 +1,308 @@
+"""``@tilescale.jit`` and ``tilescale.compile``: tilelang's, plus the distributed build path.
+
+``tilescale.jit`` has ``tilelang.jit``'s signature (bare ``@tilescale.jit`` and configured
+``@tilescale.jit(out_idx=..., ...)``) and adds keyword-only options:
+
+* ``build_mode``: ``"auto"`` (default), ``"inlined"`` or ``"rdc"`` for distributed kernels;
+* ``wait_timeout_s``: bound of device-side waits in this kernel (default: ``TILESCALE_WAIT_TIMEOUT_S``);
+* ``check_symmetric``: check at launch that remote operands live on the symmetric heap.
+
+The backend is resolved per kernel from its IR (:mod:`tilescale.backend`): kernels without distributed
+ops are compiled by tilelang unchanged and returned as tilelang's own kernel objects.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tilelang.jit import JITImpl
+from tilelang.jit import compile as _tl_compile
+from tilelang.language.eager import PrimFunc, prim_func
+
+from .backend import BackendSpec, nvshmem_compile_flags, resolve_backend, split_pass_configs
+from .env import settings
+from .errors import BuildError, TileScaleError, WorldSizeMismatchError
+
+log = logging.getLogger("tilescale")
+
+WORLD_SIZE_PARAMS = ("world_size", "num_ranks", "nranks")
+
+
+def default_target(target=None):
+    """`target` if given; tilelang's auto-detection when a GPU is visible; else a dict target for the
+    TILESCALE_TARGET arch (default sm_90a), so kernels compile on GPU-less machines."""
+    if target not in (None, "auto"):
+        return target
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return target
+    except Exception:  # noqa: BLE001
+        pass
+    arch = settings.target or "sm_90a"
+    if not arch.startswith("sm_"):
+        raise TileScaleError(f"TILESCALE_TARGET={arch!r}: expected an arch such as sm_90a")
+    return {"kind": "cuda", "arch": arch}
+
+
+class DistributedKernel:
+    """A compiled distributed kernel: tilelang's JITKernel (cython backend, linked with NVSHMEM) plus
+    the per-module NVSHMEM state, launch-time checks and what tilescale knows about it."""
+
+    def __init__(self, kernel, spec: BackendSpec, name: str, params: list[str], symmetric: list[str],
+                 world_size: int | None, check_symmetric: bool):
+        self._kernel = kernel
+        self.spec = spec
+        self.name = name
+        self.param_names = params
+        self.symmetric_params = symmetric
+        self.world_size = world_size
+        self._symm_idx = [params.index(s) for s in symmetric if s in params]
+        self._check = check_symmetric
+        self._ready = False
+
+    @property
+    def execution_backend(self) -> str:
+        return self.spec.name
+
+    @property
+    def build_mode(self) -> str | None:
+        return self.spec.build_mode
+
+    @property
+    def kernel(self):
+        """tilelang's JITKernel behind this one."""
+        return self._kernel
+
+    @property
+    def library(self):
+        return self._kernel.adapter.lib
+
+    def get_kernel_source(self, *a, **kw) -> str:
+        return self._kernel.get_kernel_source(*a, **kw)
+
+    def _prepare(self) -> None:
+        from . import runtime
+
+        rt = runtime.current()
+        if self.world_size is not None and self.world_size != rt.info.world_size:
+            raise WorldSizeMismatchError(f"kernel '{self.name}' was compiled for world_size={self.world_size} but "
+                                         f"this job has {rt.info.world_size} ranks: compile it with "
+                                         f"world_size={rt.info.world_size}")
+        runtime.init_module(self._kernel.adapter.lib, self.name)
+        self._ready = True
+
+    def check_args(self, args) -> None:
+        from .symm import require_symmetric
+
+        for i in self._symm_idx:
+            if i < len(args) and hasattr(args[i], "data_ptr"):
+                require_symmetric(args[i], f"{self.name}({self.param_names[i]}=...)")
+
+    def __call__(self, *args, **kwargs):
+        if not self._ready:
+            self._prepare()
+        if self._check:
+            self.check_args(args)
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+    def __repr__(self) -> str:
+        return (f"DistributedKernel({self.name!r}, backend={self.spec.name!r}, build_mode={self.spec.build_mode!r}, "
+                f"symmetric={self.symmetric_params})")
+
+
+def _func_name(func) -> str:
+    try:
+        return str(func.attrs["global_symbol"])
+    except Exception:  # noqa: BLE001
+        return "kernel"
+
+
+def _prepare_distributed(func, spec: BackendSpec, compile_flags, wait_timeout_s):
+    from .discovery import find_nvshmem
+    from .runtime import load_host_library
+
+    install = find_nvshmem()
+    load_host_library(install)  # kernel modules' NEEDED libnvshmem_host resolves to this copy
+    flags = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])
+    return flags + nvshmem_compile_flags(spec, install, wait_timeout_s)
+
+
+def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=None, target_host=None,  # noqa: A001
+            verbose=None, pass_configs=None, compile_flags=None, *, build_mode: str | None = None,
+            world_size: int | None = None, wait_timeout_s: float | None = None, check_symmetric: bool | None = None):
+    """``tilelang.compile`` with tilescale's backend resolution (same positional signature)."""
+    from . import codegen
+    from .analysis import param_names, symmetric_params
+
+    if not isinstance(func, PrimFunc):
+        raise TypeError(f"func: got {type(func).__name__}, expected a tilelang PrimFunc")
+    tl_pc, _ = split_pass_configs(pass_configs)
+    spec = resolve_backend(func, execution_backend, pass_configs, build_mode)
+    target = default_target(target)
+    if not spec.distributed:
+        return _tl_compile(func, out_idx=out_idx, execution_backend=execution_backend, target=target,
+                           target_host=target_host, verbose=verbose, pass_configs=tl_pc, compile_flags=compile_flags)
+    flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
+    with codegen.distributed_build(spec.build_mode), _explain_build_errors(_func_name(func), spec):
+        k = _tl_compile(func, out_idx=out_idx, execution_backend="cython", target=target, target_host=target_host,
+                        verbose=verbose, pass_configs=tl_pc, compile_flags=flags)
+    check = settings.check_symmetric if check_symmetric is None else check_symmetric
+    return DistributedKernel(k, spec, _func_name(func), param_names(func), symmetric_params(func), world_size, check)
+
+
+@contextlib.contextmanager
+def _explain_build_errors(name: str, spec: BackendSpec):
+    """nvcc failures of distributed kernels: the compiler's error lines and the NVSHMEM in use, instead of
+    tilelang's dump of the whole generated file."""
+    try:
+        yield
+    except RuntimeError as e:
+        msg = str(e)
+        if not msg.startswith("Compilation Failed"):
+            raise
+        from .discovery import find_nvshmem
+
+        errors = [ln for ln in msg.splitlines() if " error" in ln or "fatal" in ln or "undefined reference" in ln]
+        nv = find_nvshmem()
+        raise BuildError(f"nvcc could not build distributed kernel '{name}' ({spec.build_mode} mode, NVSHMEM "
+                         f"{nv.version} from {nv.root}):\n  " + "\n  ".join(errors[:20] or msg.splitlines()[:20]) +
+                         "\n(the full command and source: the chained exception)") from e
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What :func:`build` produced without loading it (GPU-less machines)."""
+
+    spec: BackendSpec
+    source: str          # the device source, as compiled
+    library: str         # path of the built .so
+    flags: tuple
+
+
+def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *, build_mode: str | None = None,
+          wait_timeout_s: float | None = None, verbose: bool = False) -> BuildResult:
+    """Lower, generate and link a distributed kernel into a .so without loading it: the path for build
+    machines without a driver, where tilelang's load step (cudaFuncSetAttribute) cannot run."""
+    from tilelang import tvm
+    from tilelang.engine.lower import lower
+    from tilelang.jit.adapter.libgen import LibraryGenerator
+    from tilelang.jit.adapter.wrapper import TLWrapper
+    from tvm.target import Target
+
+    from . import codegen
+
+    tl_pc, _ = split_pass_configs(pass_configs)
+    spec = resolve_backend(func, "auto", pass_configs, build_mode)
+    tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"}, "c")
+    flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s) if spec.distributed else list(compile_flags or [])
+    cfg = dict(tl_pc or {})
+    with codegen.distributed_build(spec.build_mode or "inlined") if spec.distributed else _nullctx():
+        with tvm.transform.PassContext(opt_level=3, config=cfg), tgt:
+            art = lower(func, target=tgt)
+        w = TLWrapper(tgt)
+        w.assign_optimized_module(tvm.IRModule({"main": func}))
+        w.assign_pass_configs(cfg)
+        w.assign_host_module(art.host_mod)
+        w.assign_device_module(art.device_mod)
+        g = LibraryGenerator(tgt, verbose=verbose)
+        g.assign_pass_configs(cfg)
+        g.assign_compile_flags(flags)
+        g.update_lib_code(w.wrap(art.kernel_source))
+        with _explain_build_errors(_func_name(func), spec):
+            g.compile_lib()
+    return BuildResult(spec=spec, source=art.kernel_source, library=g.libpath, flags=tuple(flags))
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+@dataclass
+class TileScaleJITImpl(JITImpl):
+    """tilelang's JITImpl with tilescale's compile step (backend resolution, NVSHMEM build)."""
+
+    build_mode: str | None = None
+    wait_timeout_s: float | None = None
+    check_symmetric: bool | None = None
+
+    def _world_size(self, args, kwargs) -> int | None:
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs)
+            bound.apply_defaults()
+        except TypeError:
+            return None
+        for n in WORLD_SIZE_PARAMS:
+            v = bound.arguments.get(n)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return None
+
+    def compile(self, *args, **kwargs):
+        pf = self.get_tir(*args, **kwargs)
+        k = compile(pf, out_idx=self.out_idx, execution_backend=self.execution_backend, target=self.target,
+                    target_host=self.target_host, verbose=self.verbose, pass_configs=self.pass_configs,
+                    compile_flags=self.compile_flags, build_mode=self.build_mode,
+                    world_size=self._world_size(args, kwargs), wait_timeout_s=self.wait_timeout_s,
+                    check_symmetric=self.check_symmetric)
+        if self.debug_root_path:
+            import os
+
+            os.makedirs(self.debug_root_path, exist_ok=True)
+            name = getattr(self.func, "__name__", "jit_kernel")
+            with open(os.path.join(self.debug_root_path, f"tilescale_jit_kernel_{name}.cu"), "w") as f:
+                f.write(k.get_kernel_source())
+        return k
+
+    def par_compile(self, configs, num_workers: int | None = None, ignore_error: bool = False):
+        import concurrent.futures as cf
+
+        configs = list(configs)
+
+        def one(cfg):
+            try:
+                return self.compile(**cfg) if isinstance(cfg, dict) else self.compile(*cfg)
+            except Exception:
+                if ignore_error:
+                    log.warning("compiling %r failed", cfg, exc_info=True)
+                    return None
+                raise
+
+        with cf.ThreadPoolExecutor(num_workers or min(len(configs), 8) or 1) as ex:
+            return list(ex.map(one, configs))
+
+    def build(self, *args, target=None, **kwargs) -> BuildResult:
+        """Compile and link without loading (GPU-less machines); see :func:`tilescale.compiler.build`."""
+        pf = self.get_tir(*args, **kwargs)
+        return build(pf, target=target or self.target, pass_configs=self.pass_configs,
+                     compile_flags=self.compile_flags, build_mode=self.build_mode, wait_timeout_s=self.wait_timeout_s)
+
+
+def jit(func=None, *, out_idx=None, target=None, target_host=None, execution_backend=None, verbose=None,
+        pass_configs=None, debug_root_path=None, compile_flags=None, build_mode: str | None = None,
+        wait_timeout_s: float | None = None, check_symmetric: bool | None = None):
+    """``tilelang.jit`` with tilescale's distributed build path. See the module docstring."""
+    if build_mode not in (None, "auto", "inlined", "rdc"):
+        raise ValueError(f"build_mode: got {build_mode!r}, expected 'auto', 'inlined' or 'rdc'")
+    compile_args = dict(out_idx=out_idx, execution_backend=execution_backend, target=target, target_host=target_host,
+                        verbose=verbose, pass_configs=pass_configs, debug_root_path=debug_root_path,
+                        compile_flags=compile_flags)
+
+    def decorator(f):
+        pf = prim_func(f, eager_jit=True)
+        return TileScaleJITImpl(func=pf, **compile_args, func_source=inspect.getsource(pf.orig_func),
+                                signature=inspect.signature(pf.orig_func), mode="auto", build_mode=build_mode,
+                                wait_timeout_s=wait_timeout_s, check_symmetric=check_symmetric)
+
+    return decorator(func) if func is not None else decorator

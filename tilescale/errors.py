@@ -1,0 +1,87 @@
+"""The exceptions tilescale raises. Each message names the argument, what was received and what was
+expected, and where it makes sense, the line of the user's kernel and the fix."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+class TileScaleError(Exception):
+    """Base class of every tilescale error."""
+
+
+class NvshmemNotFoundError(TileScaleError, ImportError):
+    """No NVSHMEM installation was found (the message lists every place looked)."""
+
+
+class BackendError(TileScaleError, ValueError):
+    """An execution backend or build mode that cannot build this kernel."""
+
+
+class BuildError(TileScaleError, RuntimeError):
+    """nvcc could not build a distributed kernel."""
+
+
+class LanguageError(TileScaleError, ValueError):
+    """A distributed op was used with invalid arguments (raised while tracing the kernel)."""
+
+
+class NotInitializedError(TileScaleError, RuntimeError):
+    """The distributed runtime is needed but tilescale.init_distributed() has not run."""
+
+
+class AlreadyInitializedError(TileScaleError, RuntimeError):
+    """tilescale.init_distributed() was called twice."""
+
+
+class WorldSizeMismatchError(TileScaleError, RuntimeError):
+    """A kernel compiled for one world size launched in a job of another."""
+
+
+class SymmetricMismatchError(TileScaleError, RuntimeError):
+    """Ranks disagree on a collective call (sizes, dtypes, order of symmetric allocations...)."""
+
+
+class SymmetricHeapExhaustedError(TileScaleError, MemoryError):
+    """The NVSHMEM symmetric heap has no room for an allocation."""
+
+
+class NotSymmetricError(TileScaleError, ValueError):
+    """A tensor that must live on the symmetric heap does not."""
+
+
+class WaitTimeoutError(TileScaleError, RuntimeError):
+    """A device-side wait gave up in debug mode (TILESCALE_WAIT_TIMEOUT_S)."""
+
+
+class RemoteRankError(TileScaleError, RuntimeError):
+    """Another rank failed; this one stops instead of waiting for it forever."""
+
+
+_INTERNAL_DIRS = None
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    global _INTERNAL_DIRS
+    if _INTERNAL_DIRS is None:
+        dirs = [os.path.dirname(os.path.abspath(__file__))]
+        for mod in ("tilelang", "tvm", "tvm_ffi"):
+            m = sys.modules.get(mod)
+            if m is not None and getattr(m, "__file__", None):
+                dirs.append(os.path.dirname(os.path.abspath(m.__file__)))
+        dirs.append(os.path.dirname(os.__file__))
+        _INTERNAL_DIRS = tuple(dirs)
+    return _INTERNAL_DIRS
+
+
+def user_location() -> str:
+    """'file.py:LINE' of the innermost stack frame outside tilescale, tilelang, tvm and the stdlib:
+    the line of the user's kernel that is being traced."""
+    internal = _internal_dirs()
+    f = sys._getframe(1)
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not fn.startswith(internal) and not fn.startswith("<"):
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown location>"

@@ -1,0 +1,423 @@
+// tilescale/ops.cuh: the device functions behind tilescale.language's distributed ops.
+//
+// Every function here is reached from one op in tilescale/language/distributed.py; the Python side
+// validates arguments and documents the semantics, this side implements them. Naming: source first,
+// destination second (as T.copy(src, dst)); peers are NVSHMEM PE numbers.
+#pragma once
+
+#include <stdint.h>
+#include <stdio.h>
+#include <type_traits>
+
+#ifndef TILESCALE_WAIT_TIMEOUT_NS
+#define TILESCALE_WAIT_TIMEOUT_NS 0ull
+#endif
+
+namespace tilescale {
+
+enum Group : int { kThread = 0, kWarp = 1, kBlock = 2 };
+enum Cmp : int { kEq = 0, kNe = 1, kGt = 2, kGe = 3, kLt = 4, kLe = 5 };
+enum SignalOp : int { kSignalSet = 0, kSignalAdd = 1 };
+
+// ------------------------------------------------------------------------------------------ identity
+__device__ __forceinline__ int my_pe() { return nvshmem_my_pe(); }
+__device__ __forceinline__ int n_pes() { return nvshmem_n_pes(); }
+
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int G>
+__device__ __forceinline__ bool group_leader() {
+  if constexpr (G == kBlock) return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+  else if constexpr (G == kWarp) return (threadIdx.x & 31) == 0;
+  else return true;
+}
+template <int G>
+__device__ __forceinline__ void group_sync() {
+  if constexpr (G == kBlock) __syncthreads();
+  else if constexpr (G == kWarp) __syncwarp();
+}
+template <int G>
+__device__ __forceinline__ void group_rank_size(int& r, int& n) {
+  if constexpr (G == kBlock) {
+    r = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    n = blockDim.x * blockDim.y * blockDim.z;
+  } else if constexpr (G == kWarp) {
+    r = threadIdx.x & 31;
+    n = 32;
+  } else {
+    r = 0;
+    n = 1;
+  }
+}
+
+// -------------------------------------------------------------------------------- peer pointers
+// Address of `p` (symmetric) in PE `pe`'s memory, mapped into this GPU (NVLink / PCIe P2P), or null.
+__device__ __forceinline__ void* peer_ptr_or_null(const void* p, int pe) { return nvshmem_ptr(p, pe); }
+template <typename T>
+__device__ __forceinline__ T* peer_ptr(T* p, int pe) {
+  void* q = nvshmem_ptr(reinterpret_cast<const void*>(p), pe);
+  if (q == nullptr) {
+    printf("tilescale: no load/store path to PE %d for address %p (not symmetric, or the peer is not on this "
+           "node): use put/get instead of a peer view\n", pe, (const void*)p);
+    __trap();
+  }
+  return reinterpret_cast<T*>(q);
+}
+__device__ __forceinline__ void* peer_ptr(const void* p, int pe) { return peer_ptr(const_cast<void*>(p), pe); }
+
+// The first block of the grid joins an NVSHMEM barrier of all PEs (grid-scope barrier, between two
+// grid syncs emitted by the language op).
+__device__ __forceinline__ void barrier_all_first_block() {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) nvshmemx_barrier_all_block();
+}
+
+// --------------------------------------------------------------- contiguous copies over P2P mappings
+// Group-cooperative byte copy; 16-byte vectors when both pointers allow it. Loads bypass L1 (.cg) so
+// data that a peer wrote during this kernel is never read stale.
+template <int G>
+__device__ __forceinline__ void copy_bytes(void* dst, const void* src, size_t n) {
+  int r, g;
+  group_rank_size<G>(r, g);
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15) == 0) {
+    const size_t nv = n / 16;
+    uint4* dv = reinterpret_cast<uint4*>(d);
+    const uint4* sv = reinterpret_cast<const uint4*>(s);
+    size_t i = r;
+    constexpr int U = 4;
+    for (; i + (U - 1) * (size_t)g < nv; i += U * (size_t)g) {
+      uint4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = __ldcg(sv + i + u * (size_t)g);
+#pragma unroll
+      for (int u = 0; u < U; ++u) dv[i + u * (size_t)g] = v[u];
+    }
+    for (; i < nv; i += g) dv[i] = __ldcg(sv + i);
+    for (size_t j = nv * 16 + r; j < n; j += g) d[j] = s[j];
+  } else {
+    for (size_t j = r; j < n; j += g) d[j] = s[j];
+  }
+}
+
+// ------------------------------------------------------------------------------------ put / get
+template <int G, bool NBI>
+__device__ __forceinline__ void nvshmem_put_bytes(void* d, const void* s, size_t n, int pe) {
+  if constexpr (G == kBlock) {
+    if constexpr (NBI) nvshmemx_putmem_nbi_block(d, s, n, pe); else nvshmemx_putmem_block(d, s, n, pe);
+  } else if constexpr (G == kWarp) {
+    if constexpr (NBI) nvshmemx_putmem_nbi_warp(d, s, n, pe); else nvshmemx_putmem_warp(d, s, n, pe);
+  } else {
+    if constexpr (NBI) nvshmem_putmem_nbi(d, s, n, pe); else nvshmem_putmem(d, s, n, pe);
+  }
+}
+template <int G, bool NBI>
+__device__ __forceinline__ void nvshmem_get_bytes(void* d, const void* s, size_t n, int pe) {
+  if constexpr (G == kBlock) {
+    if constexpr (NBI) nvshmemx_getmem_nbi_block(d, s, n, pe); else nvshmemx_getmem_block(d, s, n, pe);
+  } else if constexpr (G == kWarp) {
+    if constexpr (NBI) nvshmemx_getmem_nbi_warp(d, s, n, pe); else nvshmemx_getmem_warp(d, s, n, pe);
+  } else {
+    if constexpr (NBI) nvshmem_getmem_nbi(d, s, n, pe); else nvshmem_getmem(d, s, n, pe);
+  }
+}
+
+// put: a tile of `rows` rows of `row_bytes` bytes (row strides in bytes) from local `src` to symmetric
+// `dst` on PE `pe`. Intra-node peers are written with vector stores through the P2P mapping, others
+// through NVSHMEM. Blocking: returns when `src` may be reused (group-wide for warp/block groups).
+template <int G, bool NBI>
+__device__ __forceinline__ void put(const void* src, void* dst, long rows, long row_bytes, long src_ld, long dst_ld,
+                                    int pe) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  char* peer = static_cast<char*>(peer_ptr_or_null(dst, pe));
+  const bool flat = rows == 1 || (row_bytes == src_ld && row_bytes == dst_ld);
+  if (peer != nullptr) {
+    if (flat) {
+      copy_bytes<G>(peer, s, (size_t)rows * row_bytes);
+    } else {
+      for (long r = 0; r < rows; ++r) copy_bytes<G>(peer + r * dst_ld, s + r * src_ld, row_bytes);
+    }
+    if constexpr (G != kThread) group_sync<G>();
+  } else if (flat) {
+    nvshmem_put_bytes<G, NBI>(d, s, (size_t)rows * row_bytes, pe);
+  } else {
+    for (long r = 0; r < rows; ++r) nvshmem_put_bytes<G, NBI>(d + r * dst_ld, s + r * src_ld, row_bytes, pe);
+  }
+}
+
+// get: a tile from symmetric `src` on PE `pe` to local `dst` (same layout rules as put).
+template <int G, bool NBI>
+__device__ __forceinline__ void get(const void* src, void* dst, long rows, long row_bytes, long src_ld, long dst_ld,
+                                    int pe) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  const char* peer = static_cast<const char*>(peer_ptr_or_null(const_cast<void*>(src), pe));
+  const bool flat = rows == 1 || (row_bytes == src_ld && row_bytes == dst_ld);
+  if (peer != nullptr) {
+    if (flat) {
+      copy_bytes<G>(d, peer, (size_t)rows * row_bytes);
+    } else {
+      for (long r = 0; r < rows; ++r) copy_bytes<G>(d + r * dst_ld, peer + r * src_ld, row_bytes);
+    }
+    if constexpr (G != kThread) group_sync<G>();
+  } else if (flat) {
+    nvshmem_get_bytes<G, NBI>(d, s, (size_t)rows * row_bytes, pe);
+  } else {
+    for (long r = 0; r < rows; ++r) nvshmem_get_bytes<G, NBI>(d + r * dst_ld, s + r * src_ld, row_bytes, pe);
+  }
+}
+
+// --------------------------------------------------------------------------------------- signals
+__device__ __forceinline__ void signal_op(void* sig, uint64_t value, int op, int pe) {
+  nvshmemx_signal_op(static_cast<uint64_t*>(sig), value, op == kSignalAdd ? NVSHMEM_SIGNAL_ADD : NVSHMEM_SIGNAL_SET, pe);
+}
+
+// put_signal: the tile, then (ordered after it, by one thread of the group) the signal update.
+template <int G>
+__device__ __forceinline__ void put_signal(const void* src, void* dst, long rows, long row_bytes, long src_ld,
+                                           long dst_ld, void* sig, uint64_t value, int op, int pe) {
+  put<G, false>(src, dst, rows, row_bytes, src_ld, dst_ld, pe);
+  group_sync<G>();
+  if (group_leader<G>()) {
+    __threadfence_system();
+    nvshmem_fence();
+    signal_op(sig, value, op, pe);
+  }
+  group_sync<G>();
+}
+
+// ------------------------------------------------------------------------ scoped loads and stores
+#define TS_LD(NAME, QUAL, BITS, REG, CT)                                                         \
+  __device__ __forceinline__ CT NAME(const void* p) {                                           \
+    CT v;                                                                                       \
+    asm volatile("ld" QUAL ".global.b" #BITS " %0, [%1];" : "=" REG(v) : "l"(p) : "memory"); \
+    return v;                                                                                   \
+  }
+#define TS_ST(NAME, QUAL, BITS, REG, CT)                                                        \
+  __device__ __forceinline__ void NAME(void* p, CT v) {                                         \
+    asm volatile("st" QUAL ".global.b" #BITS " [%0], %1;" ::"l"(p), REG(v) : "memory");       \
+  }
+#define TS_LDST_SCOPES(SEMNAME, SEM)                                                              \
+  TS_LD(ld32_##SEMNAME##_cta, "." SEM ".cta", 32, "r", uint32_t)                                  \
+  TS_LD(ld32_##SEMNAME##_gpu, "." SEM ".gpu", 32, "r", uint32_t)                                  \
+  TS_LD(ld32_##SEMNAME##_sys, "." SEM ".sys", 32, "r", uint32_t)                                  \
+  TS_LD(ld64_##SEMNAME##_cta, "." SEM ".cta", 64, "l", uint64_t)                                  \
+  TS_LD(ld64_##SEMNAME##_gpu, "." SEM ".gpu", 64, "l", uint64_t)                                  \
+  TS_LD(ld64_##SEMNAME##_sys, "." SEM ".sys", 64, "l", uint64_t)
+TS_LDST_SCOPES(relaxed, "relaxed")
+TS_LDST_SCOPES(acquire, "acquire")
+TS_LD(ld32_volatile, ".volatile", 32, "r", uint32_t)
+TS_LD(ld64_volatile, ".volatile", 64, "l", uint64_t)
+#define TS_ST_SCOPES(SEMNAME, SEM)                                                                \
+  TS_ST(st32_##SEMNAME##_cta, "." SEM ".cta", 32, "r", uint32_t)                                  \
+  TS_ST(st32_##SEMNAME##_gpu, "." SEM ".gpu", 32, "r", uint32_t)                                  \
+  TS_ST(st32_##SEMNAME##_sys, "." SEM ".sys", 32, "r", uint32_t)                                  \
+  TS_ST(st64_##SEMNAME##_cta, "." SEM ".cta", 64, "l", uint64_t)                                  \
+  TS_ST(st64_##SEMNAME##_gpu, "." SEM ".gpu", 64, "l", uint64_t)                                  \
+  TS_ST(st64_##SEMNAME##_sys, "." SEM ".sys", 64, "l", uint64_t)
+TS_ST_SCOPES(relaxed, "relaxed")
+TS_ST_SCOPES(release, "release")
+TS_ST(st32_volatile, ".volatile", 32, "r", uint32_t)
+TS_ST(st64_volatile, ".volatile", 64, "l", uint64_t)
+#undef TS_LD
+#undef TS_ST
+#undef TS_LDST_SCOPES
+#undef TS_ST_SCOPES
+
+enum Sem : int { kRelaxed = 0, kAcquire = 1, kRelease = 2, kAcqRel = 3, kVolatile = 4 };
+enum MemScope : int { kCta = 0, kGpu = 1, kSys = 2 };
+
+template <typename T>
+__device__ __forceinline__ T from_bits(uint64_t b) {
+  if constexpr (sizeof(T) == 4) {
+    uint32_t x = (uint32_t)b;
+    return *reinterpret_cast<T*>(&x);
+  } else {
+    return *reinterpret_cast<T*>(&b);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint64_t to_bits(T v) {
+  if constexpr (sizeof(T) == 4) return *reinterpret_cast<uint32_t*>(&v);
+  else return *reinterpret_cast<uint64_t*>(&v);
+}
+
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T ld(const void* p) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::ld supports 32- and 64-bit types");
+  uint64_t b;
+  if constexpr (sizeof(T) == 4) {
+    if constexpr (SEM == kVolatile) b = ld32_volatile(p);
+    else if constexpr (SEM == kAcquire) b = SCOPE == kCta ? ld32_acquire_cta(p) : SCOPE == kGpu ? ld32_acquire_gpu(p) : ld32_acquire_sys(p);
+    else b = SCOPE == kCta ? ld32_relaxed_cta(p) : SCOPE == kGpu ? ld32_relaxed_gpu(p) : ld32_relaxed_sys(p);
+  } else {
+    if constexpr (SEM == kVolatile) b = ld64_volatile(p);
+    else if constexpr (SEM == kAcquire) b = SCOPE == kCta ? ld64_acquire_cta(p) : SCOPE == kGpu ? ld64_acquire_gpu(p) : ld64_acquire_sys(p);
+    else b = SCOPE == kCta ? ld64_relaxed_cta(p) : SCOPE == kGpu ? ld64_relaxed_gpu(p) : ld64_relaxed_sys(p);
+  }
+  return from_bits<T>(b);
+}
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T ld_pe(const void* p, int pe) { return ld<SEM, SCOPE, T>(peer_ptr(p, pe)); }
+
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ void st(void* p, T v) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::st supports 32- and 64-bit types");
+  const uint64_t b = to_bits(v);
+  if constexpr (sizeof(T) == 4) {
+    if constexpr (SEM == kVolatile) st32_volatile(p, (uint32_t)b);
+    else if constexpr (SEM == kRelease) { if (SCOPE == kCta) st32_release_cta(p, (uint32_t)b); else if (SCOPE == kGpu) st32_release_gpu(p, (uint32_t)b); else st32_release_sys(p, (uint32_t)b); }
+    else { if (SCOPE == kCta) st32_relaxed_cta(p, (uint32_t)b); else if (SCOPE == kGpu) st32_relaxed_gpu(p, (uint32_t)b); else st32_relaxed_sys(p, (uint32_t)b); }
+  } else {
+    if constexpr (SEM == kVolatile) st64_volatile(p, b);
+    else if constexpr (SEM == kRelease) { if (SCOPE == kCta) st64_release_cta(p, b); else if (SCOPE == kGpu) st64_release_gpu(p, b); else st64_release_sys(p, b); }
+    else { if (SCOPE == kCta) st64_relaxed_cta(p, b); else if (SCOPE == kGpu) st64_relaxed_gpu(p, b); else st64_relaxed_sys(p, b); }
+  }
+}
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ void st_pe(void* p, T v, int pe) { st<SEM, SCOPE, T>(peer_ptr(p, pe), v); }
+
+// ------------------------------------------------------------------------------------ atomics
+#define TS_ATOM_SEM_SCOPE(SEM, SCOPE, BODY)                                                                   \
+  if constexpr (SEM == kRelaxed && SCOPE == kCta) { BODY(".relaxed.cta") } else if constexpr (SEM == kRelaxed && SCOPE == kGpu) { BODY(".relaxed.gpu") } \
+  else if constexpr (SEM == kRelaxed) { BODY(".relaxed.sys") } else if constexpr (SEM == kAcquire && SCOPE == kCta) { BODY(".acquire.cta") } \
+  else if constexpr (SEM == kAcquire && SCOPE == kGpu) { BODY(".acquire.gpu") } else if constexpr (SEM == kAcquire) { BODY(".acquire.sys") } \
+  else if constexpr (SEM == kRelease && SCOPE == kCta) { BODY(".release.cta") } else if constexpr (SEM == kRelease && SCOPE == kGpu) { BODY(".release.gpu") } \
+  else if constexpr (SEM == kRelease) { BODY(".release.sys") } else if constexpr (SCOPE == kCta) { BODY(".acq_rel.cta") } \
+  else if constexpr (SCOPE == kGpu) { BODY(".acq_rel.gpu") } else { BODY(".acq_rel.sys") }
+
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T atom_add(void* p, T v) {
+  T old;
+  if constexpr (std::is_same<T, float>::value) {
+#define TS_B(Q) asm volatile("atom" Q ".global.add.f32 %0, [%1], %2;" : "=f"(old) : "l"(p), "f"(v) : "memory");
+    TS_ATOM_SEM_SCOPE(SEM, SCOPE, TS_B)
+#undef TS_B
+  } else if constexpr (sizeof(T) == 4) {
+    uint32_t o, x = (uint32_t)to_bits(v);
+#define TS_B(Q) asm volatile("atom" Q ".global.add.u32 %0, [%1], %2;" : "=r"(o) : "l"(p), "r"(x) : "memory");
+    TS_ATOM_SEM_SCOPE(SEM, SCOPE, TS_B)
+#undef TS_B
+    old = from_bits<T>(o);
+  } else {
+    uint64_t o, x = to_bits(v);
+#define TS_B(Q) asm volatile("atom" Q ".global.add.u64 %0, [%1], %2;" : "=l"(o) : "l"(p), "l"(x) : "memory");
+    TS_ATOM_SEM_SCOPE(SEM, SCOPE, TS_B)
+#undef TS_B
+    old = from_bits<T>(o);
+  }
+  return old;
+}
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T atom_cas(void* p, T compare, T v) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::atom_cas supports 32- and 64-bit types");
+  uint64_t o;
+  if constexpr (sizeof(T) == 4) {
+    uint32_t oo, c = (uint32_t)to_bits(compare), x = (uint32_t)to_bits(v);
+#define TS_B(Q) asm volatile("atom" Q ".global.cas.b32 %0, [%1], %2, %3;" : "=r"(oo) : "l"(p), "r"(c), "r"(x) : "memory");
+    TS_ATOM_SEM_SCOPE(SEM, SCOPE, TS_B)
+#undef TS_B
+    o = oo;
+  } else {
+    uint64_t c = to_bits(compare), x = to_bits(v);
+#define TS_B(Q) asm volatile("atom" Q ".global.cas.b64 %0, [%1], %2, %3;" : "=l"(o) : "l"(p), "l"(c), "l"(x) : "memory");
+    TS_ATOM_SEM_SCOPE(SEM, SCOPE, TS_B)
+#undef TS_B
+  }
+  return from_bits<T>(o);
+}
+#undef TS_ATOM_SEM_SCOPE
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T atom_add_pe(void* p, T v, int pe) { return atom_add<SEM, SCOPE, T>(peer_ptr(p, pe), v); }
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T atom_cas_pe(void* p, T c, T v, int pe) { return atom_cas<SEM, SCOPE, T>(peer_ptr(p, pe), c, v); }
+
+// ------------------------------------------------------------------------------------------ waits
+template <typename T>
+__device__ __forceinline__ bool cmp_holds(T v, int cmp, T x) {
+  switch (cmp) {
+    case kEq: return v == x;
+    case kNe: return v != x;
+    case kGt: return v > x;
+    case kGe: return v >= x;
+    case kLt: return v < x;
+    default: return v <= x;
+  }
+}
+
+// Records what the wait saw in the diagnostics record (mapped host memory) and stops the kernel.
+__device__ __noinline__ inline void wait_timed_out(const void* addr, int cmp, int bits, uint64_t expected,
+                                                   uint64_t observed, uint64_t elapsed, int site) {
+  WaitDiag* d = g_wait_diag;
+  const int rank = nvshmem_my_pe();
+  const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  if (d != nullptr && atomicCAS(&d->flag, 0ull, 2ull) == 0ull) {
+    volatile WaitDiag* v = d;
+    v->rank = rank;
+    v->block = block;
+    v->thread = thread;
+    v->site = site;
+    v->cmp = cmp;
+    v->bits = bits;
+    v->addr = (unsigned long long)addr;
+    v->expected = expected;
+    v->observed = observed;
+    v->elapsed_ns = elapsed;
+    __threadfence_system();
+    v->flag = 1ull;
+    __threadfence_system();
+  }
+  printf("tilescale: rank %d block %d thread %d: wait #%d on %p timed out after %llu ns (expected cmp %d %llu, "
+         "observed %llu)\n", rank, block, thread, site, addr, (unsigned long long)elapsed,
+         cmp, (unsigned long long)expected, (unsigned long long)observed);
+  __trap();
+}
+
+// Spins until `*addr cmp value` holds (acquire, system scope), then returns the value it saw.
+// With TILESCALE_WAIT_TIMEOUT_NS > 0 (debug mode) it gives up after that long and stops the kernel.
+template <typename T>
+__device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int site) {
+  T v = ld<kAcquire, kSys, T>(addr);
+  if (!cmp_holds(v, cmp, value)) {
+#if TILESCALE_WAIT_TIMEOUT_NS > 0
+    const uint64_t t0 = globaltimer();
+#endif
+    do {
+#if TILESCALE_WAIT_TIMEOUT_NS > 0
+      const uint64_t dt = globaltimer() - t0;
+      if (dt > (uint64_t)(TILESCALE_WAIT_TIMEOUT_NS))
+        wait_timed_out(addr, cmp, (int)sizeof(T) * 8, to_bits(value), to_bits(v), dt, site);
+#endif
+      v = ld<kAcquire, kSys, T>(addr);
+    } while (!cmp_holds(v, cmp, value));
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // TMA reads after this see the peer's data
+#endif
+  return v;
+}
+
+// ------------------------------------------------------------------------------ order and barriers
+__device__ __forceinline__ void fence() { nvshmem_fence(); }
+__device__ __forceinline__ void quiet() { nvshmem_quiet(); }
+
+template <int G>
+__device__ __forceinline__ void barrier_all() {
+  if constexpr (G == kBlock) nvshmemx_barrier_all_block();
+  else if constexpr (G == kWarp) nvshmemx_barrier_all_warp();
+  else nvshmem_barrier_all();
+}
+template <int G>
+__device__ __forceinline__ void sync_all() {
+  if constexpr (G == kBlock) nvshmemx_sync_all_block();
+  else if constexpr (G == kWarp) nvshmemx_sync_all_warp();
+  else nvshmem_sync_all();
+}
+
+}  // namespace tilescale

@@ -1,0 +1,4 @@
+// tilescale/tilescale.cuh: the one header tilescale's code generator includes in distributed kernels.
+#pragma once
+#include <tilescale/module.cuh>
+#include <tilescale/ops.cuh>

@@ -1,0 +1,15 @@
+"""tilelang's language, plus tilescale's distributed ops. Import it as ``T``::
+
+    import tilescale.language as T
+
+Everything of ``tilelang.language`` is here unchanged (``T.Kernel``, ``T.copy``, ``T.gemm``, ...);
+the distributed ops (``T.put_block``, ``T.wait_until``, ``T.remote``, ...) live in one module,
+:mod:`tilescale.language.distributed`.
+"""
+import tilelang.language as _tl
+from tilelang.language import *  # noqa: F401,F403
+
+from . import distributed  # noqa: F401
+from .distributed import *  # noqa: F401,F403
+
+globals().update({k: v for k, v in vars(_tl).items() if not k.startswith("__") and k not in globals()})

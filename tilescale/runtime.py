@@ -1,0 +1,308 @@
+"""The distributed runtime: torch.distributed + NVSHMEM, bootstrapped by a unique id that rank 0
+creates and torch.distributed broadcasts.
+
+    import tilescale
+    info = tilescale.init_distributed()     # under torchrun / launch.sh
+    info.rank, info.world_size, info.local_rank
+    ...
+    tilescale.finalize()                    # also runs at exit
+
+Control traffic (the unique id, agreement checks of collective calls) goes over a gloo group, so a
+GPU that is stuck cannot block it.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import AlreadyInitializedError, NotInitializedError, TileScaleError
+
+log = logging.getLogger("tilescale")
+
+SHIM_SOURCE = Path(__file__).resolve().parent / "csrc" / "ts_runtime.cu"
+
+_host_lib_handles: dict[str, ctypes.CDLL] = {}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """What init_distributed() returns."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def load_host_library(install) -> ctypes.CDLL:
+    """dlopen NVSHMEM's host library with RTLD_GLOBAL (once), so every kernel module's
+    ``NEEDED libnvshmem_host.so.3`` resolves to this one copy; point NVSHMEM at its bootstrap plugin."""
+    key = str(install.host_library)
+    if key not in _host_lib_handles:
+        if install.bootstrap_uid is not None:
+            os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_PLUGIN", str(install.bootstrap_uid))
+        _host_lib_handles[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
+    return _host_lib_handles[key]
+
+
+def _shim_path(install) -> Path:
+    from .env import settings
+    from .toolchain import build_once, file_digest, run_nvcc
+
+    tag = f"{install.version}-{file_digest(SHIM_SOURCE, install.host_library)}"
+    target = settings.cache_dir / "runtime" / tag / "libts_runtime.so"
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def build(tmp: Path) -> None:
+        run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}", str(SHIM_SOURCE),
+                  f"-L{install.lib_dir}", install.host_library_link_flag,
+                  f"-Xlinker=-rpath,{install.lib_dir}", "-o", str(tmp)], "the tilescale runtime shim")
+
+    return build_once(target, build)
+
+
+_SIGS = {
+    "ts_version": ([], ctypes.c_int), "ts_uid_size": ([], ctypes.c_int),
+    "ts_get_uid": ([ctypes.c_void_p], ctypes.c_int),
+    "ts_init_uid": ([ctypes.c_int, ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
+    "ts_init_status": ([], ctypes.c_int), "ts_my_pe": ([], ctypes.c_int), "ts_n_pes": ([], ctypes.c_int),
+    "ts_team_node_size": ([], ctypes.c_int),
+    "ts_malloc": ([ctypes.c_size_t], ctypes.c_void_p), "ts_free": ([ctypes.c_void_p], None),
+    "ts_ptr": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p),
+    "ts_barrier_all": ([], None),
+    "ts_barrier_all_on_stream": ([ctypes.c_void_p], None), "ts_quiet_on_stream": ([ctypes.c_void_p], None),
+    "ts_stream_write_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
+    "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
+    "ts_finalize": ([], None),
+}
+
+
+def load_shim(install) -> ctypes.CDLL:
+    load_host_library(install)
+    lib = ctypes.CDLL(str(_shim_path(install)), mode=ctypes.RTLD_GLOBAL)
+    for name, (args, res) in _SIGS.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    return lib
+
+
+class Runtime:
+    """Process-wide state after init_distributed()."""
+
+    def __init__(self, info: DistInfo, install, shim, ctrl_group, created_pg: bool):
+        import torch
+
+        self.info = info
+        self.install = install
+        self.shim = shim
+        self.ctrl_group = ctrl_group
+        self.created_pg = created_pg
+        self.device = torch.device("cuda", info.local_rank)
+        # Record written by a device-side wait that times out: pinned host memory is addressable from
+        # the GPU (UVA) and stays readable after the kernel traps.
+        self.wait_diag = torch.zeros(64, dtype=torch.uint8, pin_memory=True)
+        self.modules: dict[int, int] = {}   # id(ctypes lib) -> module init result
+        self.closed = False
+
+    # ---------------------------------------------------------------- collectives of the control plane
+    def all_gather_object(self, obj) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self.info.world_size
+        dist.all_gather_object(out, obj, group=self.ctrl_group)
+        return out
+
+    def agree(self, what: str, value) -> None:
+        """Raise SymmetricMismatchError on every rank unless every rank passed an equal `value`."""
+        from .errors import SymmetricMismatchError
+
+        vals = self.all_gather_object(value)
+        if any(v != vals[0] for v in vals):
+            lines = "\n".join(f"  rank {r}: {v}" for r, v in enumerate(vals))
+            raise SymmetricMismatchError(f"{what}: ranks disagree (every rank must make the same call):\n{lines}")
+
+    def barrier(self, stream=None) -> None:
+        """NVSHMEM barrier of all ranks, ordered on `stream` (default: the current stream)."""
+        import torch
+
+        s = stream if stream is not None else torch.cuda.current_stream()
+        self.shim.ts_barrier_all_on_stream(ctypes.c_void_p(s.cuda_stream))
+
+
+_RT: Runtime | None = None
+_init_lock = threading.Lock()
+
+
+def is_initialized() -> bool:
+    return _RT is not None and not _RT.closed
+
+
+def current() -> Runtime:
+    if _RT is None or _RT.closed:
+        raise NotInitializedError("the tilescale distributed runtime is not initialised: call "
+                                  "tilescale.init_distributed() first (under torchrun or launch.sh)")
+    return _RT
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    v = os.environ.get(name)
+    if v is None:
+        if default is None:
+            raise TileScaleError(f"environment variable {name} is not set: start the job with "
+                                 "`bash launch.sh your_script.py` or torchrun")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise TileScaleError(f"{name}={v!r}: expected an integer") from None
+
+
+def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
+    """Start torch.distributed (if not started) and NVSHMEM on every rank; set this rank's CUDA device.
+
+    Collective: every rank of the job calls it once. Returns (rank, world_size, local_rank, ...).
+    """
+    global _RT
+    with _init_lock:
+        if _RT is not None and not _RT.closed:
+            raise AlreadyInitializedError("tilescale.init_distributed() was already called in this process; "
+                                          "call it once (tilescale.is_initialized() tells)")
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        from .discovery import find_nvshmem
+
+        # CUDA lazy loading deadlocks a kernel that spins on a signal while the kernel that sets it is
+        # loaded later; load modules eagerly unless the user chose otherwise (only effective before
+        # CUDA is initialised in this process; tilescale also loads its own modules eagerly).
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # tilescale does not use NVLink multicast
+        install = find_nvshmem()
+        if not torch.cuda.is_available():
+            raise TileScaleError("tilescale.init_distributed() needs CUDA GPUs; torch sees none "
+                                 "(torch.cuda.is_available() is False)")
+        rank = _env_int("RANK", 0 if not dist.is_initialized() else dist.get_rank())
+        world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
+        local_rank = _env_int("LOCAL_RANK", rank)
+        local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        ndev = torch.cuda.device_count()
+        if local_rank >= ndev:
+            raise TileScaleError(f"LOCAL_RANK={local_rank} but this node has {ndev} visible GPU(s): start at most "
+                                 f"{ndev} processes per node (GPUS={ndev} bash launch.sh ...)")
+        torch.cuda.set_device(local_rank)
+        torch.empty(1, device="cuda")  # primary context current before NVSHMEM uses it
+        created = False
+        if not dist.is_initialized():
+            if world > 1 and "MASTER_ADDR" not in os.environ:
+                raise TileScaleError("WORLD_SIZE > 1 but MASTER_ADDR is not set: start with launch.sh or torchrun")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29500")
+            dist.init_process_group(backend="cpu:gloo,cuda:nccl", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout_s),
+                                    device_id=torch.device("cuda", local_rank))
+            created = True
+        elif dist.get_world_size() != world:
+            raise TileScaleError(f"torch.distributed has world size {dist.get_world_size()} but WORLD_SIZE={world}")
+        ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        shim = load_shim(install)
+        n = shim.ts_uid_size()
+        obj = [None]
+        if rank == 0:
+            buf = ctypes.create_string_buffer(n)
+            rc = shim.ts_get_uid(buf)
+            if rc != 0:
+                raise TileScaleError(f"nvshmemx_get_uniqueid failed (rc={rc})")
+            obj = [buf.raw]
+        dist.broadcast_object_list(obj, src=0, group=ctrl)
+        uid = ctypes.create_string_buffer(obj[0], n)
+        t0 = time.time()
+        rc = shim.ts_init_uid(rank, world, uid)
+        if rc != 0:
+            raise TileScaleError(f"NVSHMEM initialisation failed on rank {rank} (rc={rc}); NVSHMEM {install.version} "
+                                 f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
+                                 "`python -m tilescale doctor` checks the setup")
+        if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
+            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of {world}")
+        log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
+        info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
+        _RT = Runtime(info, install, shim, ctrl, created)
+        _register_exit()
+        return info
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_finalize_at_exit)
+        _exit_registered = True
+
+
+def _finalize_at_exit() -> None:
+    try:
+        finalize()
+    except Exception as e:  # noqa: BLE001  (never turn a clean exit into a traceback)
+        log.debug("tilescale finalize at exit: %s", e)
+
+
+def finalize() -> None:
+    """Free every symmetric tensor, shut NVSHMEM down and, if tilescale started it, torch.distributed.
+    Collective. A second call does nothing."""
+    global _RT
+    rt = _RT
+    if rt is None or rt.closed:
+        return
+    import torch
+    import torch.distributed as dist
+
+    from . import symm
+
+    torch.cuda.synchronize()
+    symm.free_all(rt)
+    for lib_id, lib in list(_module_libs.items()):
+        fin = getattr(lib, "tilescale_module_finalize", None)
+        if fin is not None:
+            fin.restype = ctypes.c_int
+            fin()
+    _module_libs.clear()
+    rt.shim.ts_finalize()
+    rt.closed = True
+    if rt.created_pg and dist.is_initialized():
+        dist.destroy_process_group()
+    _RT = None
+
+
+_module_libs: dict[int, ctypes.CDLL] = {}
+
+
+def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
+    """Per-module NVSHMEM device state (once per loaded .so); needs the runtime."""
+    rt = current()
+    key = id(lib)
+    if key in rt.modules:
+        return
+    fn = lib.tilescale_module_init
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p]
+    rc = fn(ctypes.c_void_p(rt.wait_diag.data_ptr()))
+    if rc == -1:
+        raise NotInitializedError(f"kernel '{kernel_name}': NVSHMEM is not initialised in this process: "
+                                  "call tilescale.init_distributed() before launching distributed kernels")
+    if rc < 0:
+        meaning = {-2: "cudaGetFuncBySymbol failed", -3: "cuFuncGetModule unavailable", -4: "cuFuncGetModule failed",
+                   -9: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
+                                                        "headers and host library?)")
+        raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
+    rt.modules[key] = rc
+    _module_libs[key] = lib

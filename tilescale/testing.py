@@ -1,0 +1,110 @@
+"""Helpers for examples and tests: the examples' entry point, launching N ranks, checking results.
+
+Every example under ``examples/distributed`` ends with::
+
+    if __name__ == "__main__":
+        tilescale.testing.example_main(run, build)
+
+* under ``launch.sh`` / torchrun it initialises the runtime, calls ``run(info)`` and finalises;
+* with ``TILESCALE_COMPILE_ONLY=1`` (what ``launch.sh`` does on a machine without GPUs) it calls
+  ``build(world_size)``, which compiles and links every kernel of the example without loading it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAUNCH_SH = REPO_ROOT / "launch.sh"
+
+
+def example_main(run: Callable, build: Callable[[int], None]) -> None:
+    if os.environ.get("TILESCALE_COMPILE_ONLY") == "1":
+        ws = int(os.environ.get("WORLD_SIZE", "4"))
+        build(ws)
+        print(f"compiled every kernel of {Path(sys.argv[0]).name} for world size {ws} (no GPU: not run)")
+        return
+    import tilescale
+
+    info = tilescale.init_distributed()
+    try:
+        run(info)
+    finally:
+        tilescale.finalize()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    """Run `script` on `nranks` ranks through launch.sh (bounded by `timeout`); never raises on failure."""
+    e = dict(os.environ)
+    e.update({"GPUS": str(nranks), "PORT": str(free_port()), "TILESCALE_SKIP_DOCTOR": "1"})
+    e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
+    if env:
+        e.update(env)
+    cmd = ["bash", str(LAUNCH_SH), str(script), *args]
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                              env=e, start_new_session=True)
+    except subprocess.TimeoutExpired as t:
+        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
+        _kill_group(t)
+        return subprocess.CompletedProcess(cmd, 124, out + f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n")
+
+
+def _kill_group(t) -> None:
+    import signal
+
+    # subprocess.run killed the direct child; its process group (torchrun + ranks) may live on.
+    try:
+        out = subprocess.run(["pgrep", "-f", str(LAUNCH_SH)], stdout=subprocess.PIPE, text=True).stdout
+        for pid in out.split():
+            try:
+                os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
+    except FileNotFoundError:
+        pass
+
+
+def assert_all_ranks_ok(proc: subprocess.CompletedProcess, nranks: int, marker: str = "OK") -> None:
+    """The job exited 0 and every rank printed ``[rank R] OK``."""
+    out = proc.stdout
+    missing = [r for r in range(nranks) if f"[rank {r}] {marker}" not in out]
+    if proc.returncode != 0 or missing:
+        raise AssertionError(f"exit code {proc.returncode}; ranks without '[rank R] {marker}': {missing}\n"
+                             f"--- output (last 6000 chars) ---\n{out[-6000:]}")
+
+
+def check_close(name: str, got, want, rank: int, atol: float = 0.0, rtol: float = 0.0) -> None:
+    """Raise with a useful message unless `got` matches `want` (exactly by default)."""
+    import torch
+
+    if got.shape != want.shape:
+        raise AssertionError(f"[rank {rank}] {name}: shape {tuple(got.shape)} != expected {tuple(want.shape)}")
+    if atol == 0 and rtol == 0:
+        bad = (got != want).nonzero()
+    else:
+        bad = (~torch.isclose(got.float(), want.float(), atol=atol, rtol=rtol)).nonzero()
+    if bad.numel():
+        i = tuple(bad[0].tolist())
+        raise AssertionError(f"[rank {rank}] {name}: {bad.shape[0]} of {got.numel()} elements differ; first at {i}: "
+                             f"got {got[i].item()}, expected {want[i].item()}")
