@@ -221,6 +221,22 @@ def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *,
     return BuildResult(spec=spec, source=art.kernel_source, library=g.libpath, flags=tuple(flags))
 
 
+def lower_source(func: PrimFunc, target=None, build_mode: str = "inlined") -> str:
+    """The CUDA source tilescale generates for `func`, without running nvcc (fast; for inspection and
+    golden tests)."""
+    from tilelang import tvm
+    from tilelang.engine.lower import lower
+    from tvm.target import Target
+
+    from . import codegen
+
+    spec = resolve_backend(func, "auto", None, None)
+    tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"})
+    ctx = codegen.distributed_build(build_mode) if spec.distributed else _nullctx()
+    with ctx, tvm.transform.PassContext(opt_level=3), tgt:
+        return lower(func, target=tgt).kernel_source
+
+
 class _nullctx:
     def __enter__(self):
         return self
@@ -250,11 +266,15 @@ class TileScaleJITImpl(JITImpl):
         return None
 
     def compile(self, *args, **kwargs):
-        pf = self.get_tir(*args, **kwargs)
+        return self.compile_tir(self.get_tir(*args, **kwargs), args, kwargs)
+
+    def compile_tir(self, pf, args=(), kwargs=None):
+        """Compile an already elaborated PrimFunc of this function (elaborate in one thread, compile in
+        many: see tilescale.ops.prebuild)."""
         k = compile(pf, out_idx=self.out_idx, execution_backend=self.execution_backend, target=self.target,
                     target_host=self.target_host, verbose=self.verbose, pass_configs=self.pass_configs,
                     compile_flags=self.compile_flags, build_mode=self.build_mode,
-                    world_size=self._world_size(args, kwargs), wait_timeout_s=self.wait_timeout_s,
+                    world_size=self._world_size(args, kwargs or {}), wait_timeout_s=self.wait_timeout_s,
                     check_symmetric=self.check_symmetric)
         if self.debug_root_path:
             import os
@@ -269,10 +289,13 @@ class TileScaleJITImpl(JITImpl):
         import concurrent.futures as cf
 
         configs = list(configs)
+        tirs = [(self.get_tir(**c) if isinstance(c, dict) else self.get_tir(*c)) for c in configs]  # one thread
 
-        def one(cfg):
+        def one(i):
+            cfg = configs[i]
             try:
-                return self.compile(**cfg) if isinstance(cfg, dict) else self.compile(*cfg)
+                return (self.compile_tir(tirs[i], (), cfg) if isinstance(cfg, dict)
+                        else self.compile_tir(tirs[i], cfg))
             except Exception:
                 if ignore_error:
                     log.warning("compiling %r failed", cfg, exc_info=True)
@@ -280,7 +303,7 @@ class TileScaleJITImpl(JITImpl):
                 raise
 
         with cf.ThreadPoolExecutor(num_workers or min(len(configs), 8) or 1) as ex:
-            return list(ex.map(one, configs))
+            return list(ex.map(one, range(len(configs))))
 
     def build(self, *args, target=None, **kwargs) -> BuildResult:
         """Compile and link without loading (GPU-less machines); see :func:`tilescale.compiler.build`."""

@@ -74,10 +74,13 @@ def _internal_dirs() -> tuple[str, ...]:
     return _INTERNAL_DIRS
 
 
-def user_location() -> str:
-    """'file.py:LINE' of the innermost stack frame outside tilescale, tilelang, tvm and the stdlib:
-    the line of the user's kernel that is being traced."""
+def user_location(kernel_line: bool = False) -> str:
+    """'file.py:LINE' of the innermost stack frame outside tilescale, tilelang, tvm and the stdlib: the
+    caller's line. With ``kernel_line``, only tilescale's language module counts as internal, so the
+    line of a kernel that tilescale itself defines (tilescale/ops) is reported."""
     internal = _internal_dirs()
+    if kernel_line:
+        internal = (os.path.join(internal[0], "language"),) + internal[1:]
     f = sys._getframe(1)
     while f is not None:
         fn = os.path.abspath(f.f_code.co_filename)

@@ -57,7 +57,7 @@ _ATOM_ADD_DTYPES = ("int32", "uint32", "int64", "uint64", "float32")
 for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilescale::put_signal", (1, 6)),
                     ("tilescale::signal_op", (0,)), ("tilescale::ld_pe", (0,)), ("tilescale::st_pe", (0,)),
                     ("tilescale::atom_add_pe", (0,)), ("tilescale::atom_cas_pe", (0,)),
-                    ("tilescale::peer_ptr", (0,))):
+                    ("tilescale::peer_ptr", (0,)), ("tilescale::wait_until_pe", (0,))):
     register_symmetric_args(_name, _pos)
 
 # wait site id -> "file:line" of the user's kernel (ids are stable across processes: a hash).
@@ -65,7 +65,7 @@ WAIT_SITES: dict[int, str] = {}
 
 
 def _err(op: str, msg: str) -> LanguageError:
-    return LanguageError(f"T.{op}: {msg} (at {user_location()})")
+    return LanguageError(f"T.{op}: {msg} (at {user_location(kernel_line=True)})")
 
 
 # --------------------------------------------------------------------------------- validation
@@ -208,14 +208,19 @@ def _pair(op: str, src, dst, size, remote: str):
         raise _err(op, f"dst: dtype {d.dtype} differs from src dtype {s.dtype}")
     if not _same(s.numel, d.numel):
         raise _err(op, f"dst: region has {d.numel} elements but src has {s.numel}")
-    if not (_same(s.cols, d.cols) or (s.rows == 1 or _as_int(s.rows) == 1) and (d.rows == 1 or _as_int(d.rows) == 1)):
-        if not (_same(s.cols, s.ld) and _same(d.cols, d.ld)):
+    # a contiguous run on one side takes the tile shape of the other side
+    s_flat, d_flat = _as_int(s.rows) == 1, _as_int(d.rows) == 1
+    if s_flat and d_flat:
+        rows, cols, src_ld, dst_ld = 1, s.numel, s.numel, s.numel
+    elif s_flat:
+        rows, cols, src_ld, dst_ld = d.rows, d.cols, d.cols, d.ld
+    elif d_flat:
+        rows, cols, src_ld, dst_ld = s.rows, s.cols, s.ld, s.cols
+    else:
+        if not (_same(s.rows, d.rows) and _same(s.cols, d.cols)):
             raise _err(op, f"dst: tile shape {d.rows}x{d.cols} does not match src tile {s.rows}x{s.cols}")
-    # a contiguous run on one side and a tile on the other: move as the tile's rows
-    rows, cols = (s.rows, s.cols) if _as_int(s.rows) != 1 else (d.rows, d.cols)
+        rows, cols, src_ld, dst_ld = s.rows, s.cols, s.ld, d.ld
     eb = s.elem_bytes
-    src_ld = s.ld if _as_int(s.rows) != 1 else cols
-    dst_ld = d.ld if _as_int(d.rows) != 1 else cols
     return s, d, rows, cols * eb, src_ld * eb, dst_ld * eb
 
 
@@ -379,7 +384,7 @@ def signal_add(signal, value, *, dst_pe):
 
 # --------------------------------------------------------------------------------------- waits
 def _site() -> int:
-    loc = user_location()
+    loc = user_location(kernel_line=True)
     fn, _, line = loc.rpartition(":")
     key = f"{os.path.basename(fn)}:{line}"
     site = zlib.crc32(key.encode()) & 0x7FFFFFFF
@@ -387,12 +392,13 @@ def _site() -> int:
     return site
 
 
-def wait_until(signal, *, cmp, value):
+def wait_until(signal, *, cmp, value, src_pe=None):
     """Spin until ``signal cmp value`` holds, `signal` being a local int32/uint32/int64/uint64 word
     (usually a symmetric signal that peers update). Acquire at system scope: everything the peer made
     visible before updating the signal is visible after this returns (also to TMA loads).
     Each calling thread waits. In debug mode (``TILESCALE_WAIT_TIMEOUT_S``) it gives up after that long,
-    records rank, block, thread, this line, expected and observed values, and stops the kernel."""
+    records rank, block, thread, this line, expected and observed values, and stops the kernel.
+    With ``src_pe``, polls rank `src_pe`'s copy of symmetric `signal` through its peer mapping instead."""
     op = "wait_until"
     code = _pick(op, "cmp", cmp, _CMPS)
     t = _Tile(op, "signal", signal, None, need_global=True)
@@ -404,7 +410,11 @@ def wait_until(signal, *, cmp, value):
     if isinstance(value, tirx.PrimExpr) and not str(value.dtype).startswith(("int", "uint")):
         raise _err(op, f"value: got an expression of type {value.dtype}, expected an integer expression")
     v = tirx.const(value, t.dtype) if isinstance(value, int) else T.cast(value, t.dtype)
-    T.evaluate(T.call_extern(t.dtype, f"tilescale::wait_until<{_CTYPES[t.dtype]}>", t.ptr("r"), code, v, _site()))
+    if src_pe is None:
+        T.evaluate(T.call_extern(t.dtype, f"tilescale::wait_until<{_CTYPES[t.dtype]}>", t.ptr("r"), code, v, _site()))
+    else:
+        T.evaluate(T.call_extern(t.dtype, f"tilescale::wait_until_pe<{_CTYPES[t.dtype]}>", t.ptr("r"),
+                                 _pe(op, "src_pe", src_pe), code, v, _site()))
 
 
 def wait_eq(signal, value):

@@ -403,6 +403,11 @@ __device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int 
   return v;
 }
 
+template <typename T>
+__device__ __forceinline__ T wait_until_pe(const void* addr, int pe, int cmp, T value, int site) {
+  return wait_until<T>(peer_ptr(addr, pe), cmp, value, site);
+}
+
 // ------------------------------------------------------------------------------ order and barriers
 __device__ __forceinline__ void fence() { nvshmem_fence(); }
 __device__ __forceinline__ void quiet() { nvshmem_quiet(); }

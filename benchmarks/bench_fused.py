@@ -1,0 +1,189 @@
+"""AG+GEMM and GEMM+RS: tilescale's fused, overlapped kernels vs NCCL + cuBLAS and PyTorch async-TP.
+
+    GPUS=4 bash launch.sh benchmarks/bench_fused.py --op ag_gemm [--json out.json]
+    GPUS=4 bash launch.sh benchmarks/bench_fused.py --op gemm_rs [--json out.json]
+
+Shapes are those of the baseline table in the project's DEVICE.md (bf16):
+  AG+GEMM: A sharded by rows (M/W x K per rank), B local (K x N); C = AllGather(A) @ B (M x N).
+  GEMM+RS: X (M x K/W) @ W (K/W x N) -> partial (M x N) -> reduce-scatter by rows (M/W x N).
+Columns (microseconds, slowest rank): NCCL alone, cuBLAS alone, NCCL then cuBLAS, async-TP
+(torch.ops.symm_mem.fused_*), tilescale fused, tilescale's GEMM alone (no waiting); ideal = max(NCCL
+alone, cuBLAS alone); ratio = tilescale / ideal (target <= 1.10); GEMM eff = cuBLAS / our GEMM alone.
+Every shape is checked against torch before it is timed.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tilescale  # noqa: E402
+from timing import environment, print_table, time_op, write_json  # noqa: E402
+
+AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
+             (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]
+RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]
+
+
+def _async_tp():
+    """(fused_all_gather_matmul, fused_matmul_reduce_scatter, group name) where this torch has them."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
+
+        name = dist.group.WORLD.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(name)
+        return torch.ops.symm_mem.fused_all_gather_matmul, torch.ops.symm_mem.fused_matmul_reduce_scatter, name
+    except Exception as e:  # noqa: BLE001
+        print(f"async-TP unavailable: {e}")
+        return None, None, None
+
+
+def run_ag_gemm(info, shapes, dtype, quick):
+    import torch
+    import torch.distributed as dist
+
+    W, rank = info.world_size, info.rank
+    ag_mm, _, group = _async_tp()
+    rows = []
+    for M, K, N in shapes:
+        if M % (W * 128):
+            continue
+        g = torch.Generator(device="cuda").manual_seed(rank)
+        a = torch.randn(M // W, K, device="cuda", dtype=dtype, generator=g)
+        b = (torch.randn(K, N, device="cuda", dtype=dtype, generator=g) / K ** 0.5)
+        op = tilescale.ops.AGGemm(M, N, K, dtype)
+        c = torch.empty(M, N, device="cuda", dtype=dtype)
+        a_full = torch.empty(M, K, device="cuda", dtype=dtype)
+        dist.all_gather_into_tensor(a_full, a)
+        ref = a_full @ b
+        op(a, b, out=c)
+        torch.cuda.synchronize()
+        err = ((c.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        if not err < 2e-2:
+            raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N}: relative error {err:.3g} vs torch")
+        it = 5 if quick else 20
+        t = dict(
+            nccl=time_op(lambda: dist.all_gather_into_tensor(a_full, a), iters=it),
+            cublas=time_op(lambda: torch.matmul(a_full, b, out=ref), iters=it),
+            nccl_cublas=time_op(lambda: (dist.all_gather_into_tensor(a_full, a), torch.matmul(a_full, b, out=ref)),
+                                iters=it),
+            tilescale=time_op(lambda: op(a, b, out=c), iters=it),
+            ts_gemm=time_op(lambda: op.kernel(op.gathered(), b, c, op.arrived, op.epoch), iters=it),
+        )
+        if ag_mm is not None:
+            try:
+                t["async_tp"] = time_op(lambda: ag_mm(a, [b], 0, group), iters=it)
+            except Exception as e:  # noqa: BLE001
+                print(f"async-TP ag_mm failed: {e}")
+        rows.append(dict(op="ag_gemm", M=M, K=K, N=N, **t))
+        del op
+    return rows
+
+
+def run_gemm_rs(info, shapes, dtype, quick):
+    import torch
+    import torch.distributed as dist
+
+    W, rank = info.world_size, info.rank
+    _, mm_rs, group = _async_tp()
+    rows = []
+    for M, K, N in shapes:
+        if M % (W * 128) or K % W:
+            continue
+        kl = K // W
+        g = torch.Generator(device="cuda").manual_seed(rank)
+        x = torch.randn(M, kl, device="cuda", dtype=dtype, generator=g)
+        w = torch.randn(kl, N, device="cuda", dtype=dtype, generator=g) / kl ** 0.5
+        op = tilescale.ops.GemmRS(M, N, kl, dtype)
+        out = torch.empty(M // W, N, device="cuda", dtype=dtype)
+        partial = x @ w
+        ref = torch.empty(M // W, N, device="cuda", dtype=dtype)
+        dist.reduce_scatter_tensor(ref, partial)
+        op(x, w, out=out)
+        torch.cuda.synchronize()
+        err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        if not err < 2e-2:
+            raise AssertionError(f"[rank {rank}] gemm_rs {M}x{K}x{N}: relative error {err:.3g} vs NCCL")
+        it = 5 if quick else 20
+        scratch = torch.zeros_like(op.done)
+        t = dict(
+            nccl=time_op(lambda: dist.reduce_scatter_tensor(ref, partial), iters=it),
+            cublas=time_op(lambda: torch.matmul(x, w, out=partial), iters=it),
+            nccl_cublas=time_op(lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
+                                iters=it),
+            tilescale=time_op(lambda: op(x, w, out=out), iters=it),
+            ts_gemm=time_op(lambda: op.gemm(x, w, op.P[0], scratch), iters=it),
+        )
+        if mm_rs is not None:
+            try:
+                t["async_tp"] = time_op(lambda: mm_rs(x, w, "sum", 0, group), iters=it)
+            except Exception as e:  # noqa: BLE001
+                print(f"async-TP mm_rs failed: {e}")
+        rows.append(dict(op="gemm_rs", M=M, K=K, N=N, **t))
+        del op
+    return rows
+
+
+def report(rows, W, title):
+    table = []
+    for r in rows:
+        ideal = max(r["nccl"], r["cublas"])
+        r["ideal"] = ideal
+        r["ratio_to_ideal"] = r["tilescale"] / ideal
+        r["gemm_eff"] = r["cublas"] / r["ts_gemm"]
+        r["speedup_vs_nccl_cublas"] = r["nccl_cublas"] / r["tilescale"]
+        atp = r.get("async_tp")
+        if atp:
+            r["speedup_vs_async_tp"] = atp / r["tilescale"]
+        M, K, N = r["M"], r["K"], r["N"]
+        flop = 2.0 * M * N * (K if r["op"] == "ag_gemm" else K // W)
+        table.append([f"{M}x{K}x{N}", f"{r['nccl']:.0f}", f"{r['cublas']:.0f}", f"{r['nccl_cublas']:.0f}",
+                      f"{atp:.0f}" if atp else "-", f"{r['tilescale']:.0f}", f"{ideal:.0f}",
+                      f"{r['ratio_to_ideal']:.2f}", f"{flop / (r['tilescale'] * 1e-6) / 1e12:.0f}",
+                      f"{r['gemm_eff']:.2f}", f"{r['speedup_vs_nccl_cublas']:.2f}x",
+                      f"{r['speedup_vs_async_tp']:.2f}x" if atp else "-"])
+    print_table(title, ["MxKxN", "NCCL", "cuBLAS", "NCCL+cuBLAS", "async-TP", "tilescale", "ideal", "ts/ideal",
+                        "TFLOP/s", "GEMM eff", "vs NCCL+cuBLAS", "vs async-TP"], table)
+    met = [r for r in rows if r["ratio_to_ideal"] <= 1.10]
+    print(f"target ts/ideal <= 1.10: met on {len(met)} of {len(rows)} shapes")
+
+
+def run(info, args):
+    import torch
+
+    dtype = getattr(torch, args.dtype)
+    all_rows = []
+    if args.op in ("ag_gemm", "both"):
+        rows = run_ag_gemm(info, AG_SHAPES[:args.max_shapes], dtype, args.quick)
+        if info.rank == 0:
+            report(rows, info.world_size, f"AG+GEMM {args.dtype}, {info.world_size} x {environment()['gpu']} (us)")
+        all_rows += rows
+    if args.op in ("gemm_rs", "both"):
+        rows = run_gemm_rs(info, RS_SHAPES[:args.max_shapes], dtype, args.quick)
+        if info.rank == 0:
+            report(rows, info.world_size, f"GEMM+RS {args.dtype}, {info.world_size} x {environment()['gpu']} (us)")
+        all_rows += rows
+    if info.rank == 0:
+        write_json(args.json, dict(env=environment(), dtype=args.dtype, rows=all_rows))
+    print(f"[rank {info.rank}] OK: fused benchmark done", flush=True)
+
+
+def build(world_size):
+    from tilescale.ops.ag_gemm import ag_gemm_kernel
+
+    print(ag_gemm_kernel.build(*AG_SHAPES[0][::2][:1], AG_SHAPES[0][2], AG_SHAPES[0][1], world_size, 4).library)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", choices=["ag_gemm", "gemm_rs", "both"], default="both")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    ap.add_argument("--max-shapes", type=int, default=99)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    tilescale.testing.example_main(lambda info: run(info, a), build)

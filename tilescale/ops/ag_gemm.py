@@ -1,0 +1,158 @@
+"""AllGather + GEMM, overlapped: ``C = AllGather(A) @ B`` with A sharded by rows.
+
+torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
+
+    A = torch.empty(M, K); torch.distributed.all_gather_into_tensor(A, A_local)
+    C = A @ B
+
+How it overlaps: the GEMM kernel starts at once on this rank's own rows while the other shards are
+pulled over NVLink by the copy engines (no SM is taken from the GEMM); each GEMM tile waits only for the
+chunk of rows it needs. Rows are computed in the order they arrive: own shard, then rank+1, rank+2, ...
+
+Signal protocol of one call (epoch e = 1, 2, ...; buffers double-buffered by e % 2):
+
+1. main stream: copy A_local into this rank's slot of ``A_full[e % 2]`` (symmetric);
+2. main stream: NVSHMEM barrier of all ranks (every slot of epoch e is written, and every rank is past
+   the GEMM of epoch e - 1, which read the other buffer);
+3. copy streams (one per peer): for each chunk of each peer's shard, a copy-engine pull of the chunk
+   from the peer's ``A_full[e % 2]``, then a stream write ``arrived[peer, chunk] = e`` (ordered after
+   the copy on that stream);
+4. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= e``
+   (acquire, system scope), then loads them with TMA;
+5. main stream joins the copy streams.
+"""
+import functools
+
+import tilescale
+import tilescale.language as T
+
+from .gemm import GemmConfig, gemm_config
+
+
+@tilescale.jit
+def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
+                   block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256):
+    """The GEMM of :class:`AGGemm`: `C = A_full @ B`, tiles of other ranks' rows wait for their chunk."""
+    W = world_size
+    tiles_m = M // block_m
+    tiles_per_rank = tiles_m // W
+    rows_per_chunk = (M // W) // chunks
+
+    @T.prim_func
+    def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+                arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64):
+        with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
+            As = T.alloc_shared((block_m, block_k), dtype)
+            Bs = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            Cs = T.alloc_shared((block_m, block_n), dtype)
+            me = T.get_rank()
+            rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
+            src = rb // tiles_per_rank
+            chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
+            if src != me:
+                T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=epoch)
+            T.clear(Cl)
+            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
+                T.copy(A[rb * block_m, ko * block_k], As)
+                T.copy(B[ko * block_k, bx * block_n], Bs)
+                T.gemm(As, Bs, Cl)
+            T.copy(Cl, Cs)
+            T.copy(Cs, C[rb * block_m, bx * block_n])
+
+    return ag_gemm
+
+
+def kernel_args(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
+                config: GemmConfig | None = None) -> tuple:
+    """Arguments of :func:`ag_gemm_kernel` for this problem (what :class:`AGGemm` compiles)."""
+    cfg = config or gemm_config(M, N, K)
+    if M % (world_size * cfg.block_m):
+        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
+    tiles_per_rank = M // world_size // cfg.block_m
+    chunks = chunks or 4
+    while tiles_per_rank % chunks:
+        chunks -= 1
+    return (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads)
+
+
+class AGGemm:
+    """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
+
+    `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
+    `out=` is given). The gathered A of the last call stays in ``op.gathered()``.
+    """
+
+    def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None):
+        import torch
+
+        from .. import runtime, symm
+
+        rt = runtime.current()
+        self.rt = rt
+        W = self.world_size = rt.info.world_size
+        self.rank = rt.info.rank
+        tl_dtype = str(dtype).replace("torch.", "")
+        self.args = kernel_args(M, N, K, W, tl_dtype, chunks, config)
+        self.M, self.N, self.K, self.dtype = M, N, K, dtype
+        self.rows = M // W
+        self.chunks = self.args[4]
+        self.a_full = [symm.empty((M, K), dtype=dtype) for _ in range(2)]
+        self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=rt.device)
+        self.epoch = 0
+        self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
+        self._peers = [[symm.peer_tensor(a, p) if p != self.rank else a for p in range(W)] for a in self.a_full]
+        self.kernel = ag_gemm_kernel(*self.args)
+
+    def gathered(self):
+        return self.a_full[self.epoch % 2]
+
+    def __call__(self, a_local, b, out=None):
+        import ctypes
+
+        import torch
+
+        if tuple(a_local.shape) != (self.rows, self.K) or tuple(b.shape) != (self.K, self.N):
+            raise ValueError(f"a_local, b: got {tuple(a_local.shape)}, {tuple(b.shape)}; expected "
+                             f"({self.rows}, {self.K}), ({self.K}, {self.N})")
+        self.epoch += 1
+        e, p, W, r = self.epoch, self.epoch % 2, self.world_size, self.rank
+        a_full = self.a_full[p]
+        main = torch.cuda.current_stream()
+        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)
+        c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
+        # The barrier runs on the main stream, before the GEMM: a GEMM whose blocks spin on the GPU must
+        # not be able to take the SMs that a kernel it waits for (the barrier) would need.
+        self.rt.barrier(main)
+        evb = torch.cuda.Event()
+        evb.record(main)
+        step = self.rows // self.chunks
+        shim = self.rt.shim
+        for j in range(1, W):
+            src = (r + j) % W
+            s = self.streams[j - 1]
+            s.wait_event(evb)
+            with torch.cuda.stream(s):
+                lo = src * self.rows
+                for ch in range(self.chunks):
+                    rows = slice(lo + ch * step, lo + (ch + 1) * step)
+                    a_full[rows].copy_(self._peers[p][src][rows], non_blocking=True)
+                    shim.ts_stream_write_u64(ctypes.c_void_p(s.cuda_stream),
+                                             ctypes.c_void_p(self.arrived[src * self.chunks + ch:].data_ptr()), e)
+        self.kernel(a_full, b, c, self.arrived, e)
+        for s in self.streams[:W - 1]:
+            main.wait_stream(s)
+        return c
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(M, N, K, dtype, world_size):
+    return AGGemm(M, N, K, dtype)
+
+
+def ag_gemm(a_local, b):
+    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per shape."""
+    from .. import runtime
+
+    W = runtime.current().info.world_size
+    return _cached(a_local.shape[0] * W, b.shape[1], b.shape[0], a_local.dtype, W)(a_local, b)

@@ -1,0 +1,164 @@
+"""GEMM + ReduceScatter, overlapped (row-parallel layer): ``C_local = ReduceScatter(X_local @ W_local)``.
+
+torch equivalent (X_local: (M, K/W), W_local: (K/W, N) on each rank)::
+
+    partial = X_local @ W_local                                   # (M, N)
+    C_local = torch.empty(M // W, N)
+    torch.distributed.reduce_scatter_tensor(C_local, partial)     # sum over ranks, rows split by rank
+
+How it overlaps: each rank's GEMM computes the row chunks in the order their owners need them
+(rank+1's rows first, its own last) and counts finished tiles per row block; a reduction kernel on a
+side stream, on a few SMs, pulls each finished row block of every rank over NVLink as soon as its
+count is complete and sums it in fp32, while the GEMM goes on.
+
+Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e % 2):
+
+1. GEMM (main stream): every thread that stored part of a tile of row block rb into ``P[e % 2]`` adds
+   1 to ``done[rb]`` (release, system scope); a row block is complete at ``e * threads * tiles_n``;
+2. reduction (side stream), for each row block of this rank's chunk, for each rank s in the order the
+   blocks complete (rank-1, rank-2, ..., rank): wait until s's ``done[rb]`` is complete (acquire,
+   system scope, polled through the peer mapping), add s's partial rows into fp32 accumulators;
+   then store the sum into C_local;
+3. the main stream joins the side stream. The next-but-one call may overwrite ``P[e % 2]``: by then
+   every peer has finished reducing epoch e (its call e + 1 started after, and we waited for it).
+"""
+import functools
+
+import tilescale
+import tilescale.language as T
+
+from .gemm import GemmConfig, gemm_config
+
+
+@tilescale.jit
+def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
+                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256):
+    """The GEMM of :class:`GemmRS`: partial rows in the order their owners reduce them, with counts."""
+    W = world_size
+    tiles_m = M // block_m
+    tiles_per_rank = tiles_m // W
+
+    @T.prim_func
+    def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((M, N), dtype),
+                     done: T.Tensor((tiles_m,), "uint64")):
+        with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
+            Xs = T.alloc_shared((block_m, block_k), dtype)
+            Ws = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            me = T.get_rank()
+            rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
+            T.clear(Cl)
+            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
+                T.copy(X[rb * block_m, ko * block_k], Xs)
+                T.copy(Wt[ko * block_k, bx * block_n], Ws)
+                T.gemm(Xs, Ws, Cl)
+            T.copy(Cl, P[rb * block_m, bx * block_n])
+            T.atom_add(done[rb], 1, scope="sys", sem="release")  # each storing thread, after its stores
+
+    return gemm_rs_gemm
+
+
+@tilescale.jit
+def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, blocks: int, dtype: str = "bfloat16",
+                          block_m: int = 128, col_tile: int = 256, threads: int = 512):
+    """The reduction of :class:`GemmRS`: C_local = sum over ranks of their partial rows of this rank."""
+    W = world_size
+    rows = M // W
+    tiles_per_rank = rows // block_m
+    col_tiles = N // col_tile
+    units = tiles_per_rank * col_tiles
+
+    @T.prim_func
+    def gemm_rs_reduce(P: T.Tensor((M, N), dtype), done: T.Tensor((M // block_m,), "uint64"),
+                       C: T.Tensor((rows, N), dtype), epoch: T.uint64):
+        with T.Kernel(blocks, threads=threads) as bid:
+            acc = T.alloc_fragment((block_m, col_tile), "float32")
+            me = T.get_rank()
+            tx = T.get_thread_binding()
+            for u in T.serial(T.ceildiv(units, blocks)):
+                unit = u * blocks + bid
+                if unit < units:
+                    t = unit // col_tiles
+                    c0 = (unit % col_tiles) * col_tile
+                    rb = me * tiles_per_rank + t
+                    T.clear(acc)
+                    for j in T.serial(W):
+                        s = (me + 2 * W - 1 - j) % W          # rank-1, rank-2, ..., rank
+                        if tx == 0:
+                            T.wait_until(done[rb], cmp="ge", value=epoch * per_block, src_pe=s)
+                        T.sync_threads()
+                        Ps = T.remote(P, pe=s)
+                        for i, k in T.Parallel(block_m, col_tile):
+                            acc[i, k] += Ps[rb * block_m + i, c0 + k]
+                    T.copy(acc, C[t * block_m, c0])
+
+    return gemm_rs_reduce
+
+
+def kernel_args(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
+                config: GemmConfig | None = None) -> tuple[tuple, tuple]:
+    """Arguments of (:func:`gemm_rs_gemm_kernel`, :func:`gemm_rs_reduce_kernel`) for this problem."""
+    cfg = config or gemm_config(M, N, K_local)
+    if M % (world_size * cfg.block_m):
+        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
+    col_tile = 256 if N % 256 == 0 else 128
+    if N % col_tile:
+        raise ValueError(f"N: got {N}, expected a multiple of 128")
+    per_block = cfg.threads * (N // cfg.block_n)
+    return ((M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads),
+            (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))
+
+
+class GemmRS:
+    """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct."""
+
+    def __init__(self, M: int, N: int, K_local: int, dtype, *, reduce_blocks: int = 20,
+                 config: GemmConfig | None = None):
+        import torch
+
+        from .. import runtime, symm
+
+        rt = runtime.current()
+        W = self.world_size = rt.info.world_size
+        self.rank = rt.info.rank
+        tl_dtype = str(dtype).replace("torch.", "")
+        self.gemm_args, self.reduce_args = kernel_args(M, N, K_local, W, tl_dtype, reduce_blocks, config)
+        self.block_m = self.gemm_args[5]
+        self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
+        self.P = [symm.empty((M, N), dtype=dtype) for _ in range(2)]
+        self.done = symm.zeros((M // self.block_m,), dtype=torch.uint64)
+        self.epoch = 0
+        self.stream = torch.cuda.Stream(priority=-1)
+        self.gemm = gemm_rs_gemm_kernel(*self.gemm_args)
+        self.reduce = gemm_rs_reduce_kernel(*self.reduce_args)
+
+    def __call__(self, x, w, out=None):
+        import torch
+
+        if tuple(x.shape) != (self.M, self.K) or tuple(w.shape) != (self.K, self.N):
+            raise ValueError(f"x, w: got {tuple(x.shape)}, {tuple(w.shape)}; expected ({self.M}, {self.K}), "
+                             f"({self.K}, {self.N})")
+        self.epoch += 1
+        P = self.P[self.epoch % 2]
+        c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
+                                                    device=x.device)
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            self.reduce(P, self.done, c, self.epoch)
+        self.gemm(x, w, P, self.done)
+        main.wait_stream(self.stream)
+        c.record_stream(self.stream)
+        return c
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(M, N, K, dtype, world_size):
+    return GemmRS(M, N, K, dtype)
+
+
+def gemm_rs(x, w):
+    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per shape."""
+    from .. import runtime
+
+    return _cached(x.shape[0], w.shape[1], x.shape[1], x.dtype, runtime.current().info.world_size)(x, w)

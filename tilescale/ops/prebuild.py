@@ -1,0 +1,64 @@
+"""Compile many kernels at once, ahead of use: one process compiles in threads (nvcc runs in parallel),
+the other ranks wait and then load from the kernel cache.
+
+    jobs = prebuild.ag_gemm_jobs([(8192, 8192, 2048)], world_size=4, dtype="bfloat16")
+    prebuild.on_local_rank0(jobs)     # collective: local rank 0 compiles, everyone waits, all hit the cache
+"""
+import concurrent.futures as cf
+import os
+import time
+
+
+def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
+    """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes."""
+    from .ag_gemm import ag_gemm_kernel, kernel_args
+
+    return [(ag_gemm_kernel, kernel_args(M, N, K, world_size, dtype)) for M, K, N in shapes
+            if M % (world_size * 128) == 0]
+
+
+def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
+    """(jit function, args) of every kernel GemmRS builds for these (M, K, N) shapes (K is the full K)."""
+    from .gemm_rs import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel, kernel_args
+
+    jobs = []
+    for M, K, N in shapes:
+        if M % (world_size * 128) or K % world_size:
+            continue
+        g, r = kernel_args(M, N, K // world_size, world_size, dtype)
+        jobs += [(gemm_rs_gemm_kernel, g), (gemm_rs_reduce_kernel, r)]
+    return jobs
+
+
+def allgather_jobs(world_size: int, dtype: str = "bfloat16") -> list:
+    from .allgather import allgather_kernel
+
+    return [(allgather_kernel, (world_size, bpp, dtype)) for bpp in sorted({max(world_size, b) for b in (1, 4, 16, 32)})]
+
+
+def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:
+    """Compile (and load) every job in a thread pool; returns the seconds it took."""
+    t0 = time.time()
+    workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2, 32))
+
+    tirs = [(fn, fn.get_tir(*args), args) for fn, args in jobs]  # elaborate in this thread
+
+    with cf.ThreadPoolExecutor(workers) as ex:
+        for f in cf.as_completed([ex.submit(fn.compile_tir, pf, args) for fn, pf, args in tirs]):
+            f.result()
+    dt = time.time() - t0
+    if verbose:
+        print(f"prebuild: {len(jobs)} kernels in {dt:.0f} s ({workers} threads)", flush=True)
+    return dt
+
+
+def on_local_rank0(jobs, workers: int | None = None) -> None:
+    """Collective: local rank 0 compiles `jobs`; every rank waits; then each loads from the cache."""
+    import torch.distributed as dist
+
+    from .. import runtime
+
+    rt = runtime.current()
+    if rt.info.local_rank == 0:
+        compile_all(jobs, workers)
+    dist.barrier(group=rt.ctrl_group)
