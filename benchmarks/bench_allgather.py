@@ -22,7 +22,10 @@ def run(info, args):
     import torch
     import torch.distributed as dist
 
+    from tilescale.ops import prebuild
+
     W, rank = info.world_size, info.rank
+    prebuild.on_local_rank0(prebuild.allgather_jobs(W, "bfloat16"))
     sizes = [1 << k for k in range(10, 29, args.step)]  # 1 KiB .. 256 MiB
     rows = []
     for nbytes in sizes:
@@ -91,10 +94,10 @@ def plot(rows, W, path):
 
 
 def build(world_size):
-    from tilescale.ops.allgather import allgather_kernel
+    from tilescale.ops import prebuild
 
-    for bpp in sorted({max(world_size, b) for b in (1, 4, 16, 32)}):
-        print(allgather_kernel.build(world_size, bpp, "bfloat16").library)
+    for fn, args in prebuild.allgather_jobs(world_size, "bfloat16"):
+        print(fn.build(*args).library)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,16 @@ def report(rows, W, title):
 def run(info, args):
     import torch
 
+    from tilescale.ops import prebuild
+
     dtype = getattr(torch, args.dtype)
+    W = info.world_size
+    jobs = []
+    if args.op in ("ag_gemm", "both"):
+        jobs += prebuild.ag_gemm_jobs(AG_SHAPES[:args.max_shapes], W, args.dtype)
+    if args.op in ("gemm_rs", "both"):
+        jobs += prebuild.gemm_rs_jobs(RS_SHAPES[:args.max_shapes], W, args.dtype)
+    prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
     all_rows = []
     if args.op in ("ag_gemm", "both"):
         rows = run_ag_gemm(info, AG_SHAPES[:args.max_shapes], dtype, args.quick)
@@ -173,9 +182,10 @@ def run(info, args):
 
 
 def build(world_size):
-    from tilescale.ops.ag_gemm import ag_gemm_kernel
+    from tilescale.ops import prebuild
 
-    print(ag_gemm_kernel.build(*AG_SHAPES[0][::2][:1], AG_SHAPES[0][2], AG_SHAPES[0][1], world_size, 4).library)
+    for fn, args in prebuild.ag_gemm_jobs(AG_SHAPES[:1], world_size) + prebuild.gemm_rs_jobs(RS_SHAPES[:1], world_size):
+        print(fn.build(*args).library)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ _LAZY = {
     "get_remote_ptr": ("tilescale.symm", "get_remote_ptr"),
 }
 _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "runtime", "analysis", "codegen",
-               "toolchain", "testing")
+               "toolchain", "testing", "diagnostics")
 
 
 def barrier(stream=None) -> None:
@@ -48,6 +48,14 @@ def barrier(stream=None) -> None:
     from .runtime import current
 
     current().barrier(stream)
+
+
+def synchronize() -> None:
+    """``torch.cuda.synchronize()`` that turns a device-side wait that gave up (debug mode) into
+    :class:`tilescale.errors.WaitTimeoutError` with the wait's diagnostics."""
+    from .diagnostics import synchronize as _sync
+
+    _sync()
 
 
 def __getattr__(name: str):

@@ -85,6 +85,13 @@ class DistributedKernel:
     def get_kernel_source(self, *a, **kw) -> str:
         return self._kernel.get_kernel_source(*a, **kw)
 
+    def prepare(self) -> "DistributedKernel":
+        """Initialise this kernel's module now (NVSHMEM state, eager load of all its kernels) instead of at
+        the first launch: do it before launching anything that spins waiting for this kernel."""
+        if not self._ready:
+            self._prepare()
+        return self
+
     def _prepare(self) -> None:
         from . import runtime
 

@@ -107,7 +107,8 @@ class Runtime:
         self.device = torch.device("cuda", info.local_rank)
         # Record written by a device-side wait that times out: pinned host memory is addressable from
         # the GPU (UVA) and stays readable after the kernel traps.
-        self.wait_diag = torch.zeros(64, dtype=torch.uint8, pin_memory=True)
+        self.wait_diag = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
+        self.watchdog = None
         self.modules: dict[int, int] = {}   # id(ctypes lib) -> module init result
         self.closed = False
 
@@ -132,6 +133,9 @@ class Runtime:
         """NVSHMEM barrier of all ranks, ordered on `stream` (default: the current stream)."""
         import torch
 
+        from .diagnostics import check
+
+        check(self)
         s = stream if stream is not None else torch.cuda.current_stream()
         self.shim.ts_barrier_all_on_stream(ctypes.c_void_p(s.cuda_stream))
 
@@ -235,6 +239,13 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
         _RT = Runtime(info, install, shim, ctrl, created)
+        from .env import settings
+
+        if settings.wait_timeout_s > 0:  # debug mode: report waits that give up, stop the other ranks
+            from .diagnostics import Watchdog
+
+            _RT.watchdog = Watchdog(_RT)
+            _RT.watchdog.start()
         _register_exit()
         return info
 
@@ -268,6 +279,14 @@ def finalize() -> None:
 
     from . import symm
 
+    if rt.watchdog is not None:
+        rt.watchdog.stop.set()
+    from .diagnostics import read_record
+
+    if read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
+        rt.closed = True
+        _RT = None
+        return
     torch.cuda.synchronize()
     symm.free_all(rt)
     for lib_id, lib in list(_module_libs.items()):

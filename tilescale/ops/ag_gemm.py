@@ -103,6 +103,7 @@ class AGGemm:
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
         self._peers = [[symm.peer_tensor(a, p) if p != self.rank else a for p in range(W)] for a in self.a_full]
         self.kernel = ag_gemm_kernel(*self.args)
+        self.kernel.prepare()
 
     def gathered(self):
         return self.a_full[self.epoch % 2]

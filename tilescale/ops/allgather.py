@@ -101,6 +101,7 @@ class AllGather:
         self.epoch = 0
         tl_dtype = str(dtype).replace("torch.", "")
         self.kernel = allgather_kernel(W, bpp, tl_dtype, threads)
+        self.kernel.prepare()
 
     def __call__(self, x, out=None):
         if tuple(x.shape) != self.shape or x.dtype != self.dtype:

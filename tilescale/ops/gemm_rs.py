@@ -131,6 +131,8 @@ class GemmRS:
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm = gemm_rs_gemm_kernel(*self.gemm_args)
         self.reduce = gemm_rs_reduce_kernel(*self.reduce_args)
+        self.gemm.prepare()
+        self.reduce.prepare()
 
     def __call__(self, x, w, out=None):
         import torch

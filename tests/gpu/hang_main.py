@@ -1,0 +1,41 @@
+"""Injected hang: rank 0 waits for a signal nobody sets. With TILESCALE_WAIT_TIMEOUT_S the wait gives up,
+rank 0 reports rank/block/signal/expected/observed and raises WaitTimeoutError; the other ranks are
+stopped by their watchdogs with a message naming rank 0. Run by tests/test_gpu_runtime.py."""
+import tilescale
+import tilescale.language as T
+from tilescale import testing
+
+
+@tilescale.jit
+def never_signalled(world_size: int):
+    @T.prim_func
+    def hang(sig: T.Tensor((1,), "uint64")):
+        with T.Kernel(2, threads=32):
+            T.wait_until(sig[0], cmp="eq", value=12345)
+
+    return hang
+
+
+def run(info):
+    import time
+
+    import torch
+
+    sig = tilescale.symm.zeros((1,), dtype=torch.uint64)
+    k = never_signalled(info.world_size).prepare()
+    if info.rank == 0:
+        k(sig)
+        try:
+            tilescale.synchronize()
+        except tilescale.errors.WaitTimeoutError as e:
+            print(f"[rank 0] RAISED WaitTimeoutError: {e}", flush=True)
+            time.sleep(5)  # let the watchdogs of the other ranks see it
+            raise SystemExit(3)
+    else:
+        tilescale.barrier()  # waits for rank 0 forever: its watchdog must stop it
+        torch.cuda.synchronize()
+    print(f"[rank {info.rank}] UNEXPECTED: no timeout", flush=True)
+
+
+if __name__ == "__main__":
+    testing.example_main(run, lambda ws: None)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR tests   # pytest -m "gpu or multigpu" (examples + tests)
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR bench   # benchmarks: build modes, AllGather, AG+GEMM, GEMM+RS
+# Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
+set -u
+OUTD=${1:?usage: run_gpu_tier.sh OUTDIR tests|bench}
+WHAT=${2:-tests}
+mkdir -p "$OUTD"
+NG=$(nvidia-smi -L 2>/dev/null | wc -l)
+export TILESCALE_WAIT_TIMEOUT_S=${TILESCALE_WAIT_TIMEOUT_S:-30}
+export TILESCALE_SKIP_DOCTOR=${TILESCALE_SKIP_DOCTOR:-1}  # the doctor runs once, above the steps
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $NG; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+python3 -m tilescale doctor --gpus "$NG" 2>&1 | tail -20
+summary=()
+step() {  # step NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$secs" "$@" > "$OUTD/$name.log" 2>&1
+  local rc=$?
+  summary+=("$name: rc=$rc in $((SECONDS - t0)) s")
+  echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
+  grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
+}
+if [ "$WHAT" = tests ]; then
+  step gpu_tests 560 python3 -m pytest -m "gpu or multigpu" -v -rs --timeout 500 -p no:cacheprovider tests examples
+fi
+if [ "$WHAT" = bench ]; then
+  step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 --json "$OUTD/build_modes.json"
+  step bench_allgather 150 env GPUS="$NG" bash launch.sh benchmarks/bench_allgather.py --json "$OUTD/allgather.json" --plot "$OUTD/allgather_busbw.png"
+  step bench_fused 330 env GPUS="$NG" bash launch.sh benchmarks/bench_fused.py --op both --json "$OUTD/fused.json"
+fi
+echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -1,0 +1,112 @@
+"""Bounded waits: turning a device-side wait that gave up into a Python error, on every rank.
+
+With ``TILESCALE_WAIT_TIMEOUT_S`` > 0 every ``T.wait_until`` in a kernel built then gives up after that
+long: it writes what it saw into a record in pinned host memory and stops the kernel (trap). Then:
+
+1. a watchdog thread of that rank sees the record, prints it (rank, block, thread, the kernel line of
+   the wait, signal address, expected and observed values) and publishes it in the job's store;
+2. the watchdogs of the other ranks see it there and stop their process with a message naming the
+   rank that failed, instead of waiting for it forever;
+3. on the failing rank, :func:`synchronize` (and ``tilescale.barrier``) raise
+   :class:`tilescale.errors.WaitTimeoutError` with the same message; the CUDA context is unusable after
+   a trap, so the process should exit.
+"""
+import os
+import struct
+import sys
+import threading
+import time
+
+from .errors import RemoteRankError, WaitTimeoutError
+
+_CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
+_FMT = "<Q8iQQQQ"
+STORE_KEY = "tilescale/failed"
+
+
+def read_record(rt) -> dict | None:
+    raw = bytes(rt.wait_diag[:struct.calcsize(_FMT)].tolist())
+    flag, rank, block, thread, site, cmp, bits, _, _, addr, expected, observed, elapsed = struct.unpack(_FMT, raw)
+    if flag != 1:
+        return None
+    return dict(rank=rank, block=block, thread=thread, site=site, cmp=cmp, bits=bits, addr=addr, expected=expected,
+                observed=observed, elapsed_ns=elapsed)
+
+
+def describe(rec: dict) -> str:
+    from .language.distributed import WAIT_SITES
+
+    where = WAIT_SITES.get(rec["site"], f"wait #{rec['site']}")
+    cmp = _CMP_NAMES[rec["cmp"]] if 0 <= rec["cmp"] < len(_CMP_NAMES) else f"cmp {rec['cmp']}"
+    return (f"rank {rec['rank']}, block {rec['block']}, thread {rec['thread']}: T.wait_until at {where} gave up "
+            f"after {rec['elapsed_ns'] / 1e9:.1f} s waiting for the {rec['bits']}-bit signal at 0x{rec['addr']:x} "
+            f"to become {cmp} {rec['expected']}; it was {rec['observed']}. The kernel was stopped "
+            "(TILESCALE_WAIT_TIMEOUT_S); the peer that should set this signal did not: check the protocol, "
+            "or a rank that failed earlier")
+
+
+def check(rt) -> None:
+    """Raise WaitTimeoutError if a wait of this rank gave up."""
+    rec = read_record(rt)
+    if rec is not None:
+        raise WaitTimeoutError(describe(rec))
+
+
+def synchronize() -> None:
+    """``torch.cuda.synchronize()`` that reports a wait that gave up as WaitTimeoutError."""
+    import torch
+
+    from .runtime import current
+
+    rt = current()
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        rec = read_record(rt)
+        if rec is not None:
+            raise WaitTimeoutError(describe(rec)) from e
+        raise
+    check(rt)
+
+
+class Watchdog(threading.Thread):
+    """Polls this rank's record and the job's store; reports and stops as the module docstring says."""
+
+    def __init__(self, rt, interval_s: float = 0.2):
+        super().__init__(name="tilescale-watchdog", daemon=True)
+        self.rt = rt
+        self.interval = interval_s
+        self.stop = threading.Event()
+        self.reported = False
+        try:
+            import torch.distributed as dist
+
+            self.store = dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001
+            self.store = None
+
+    def run(self) -> None:
+        me = self.rt.info.rank
+        while not self.stop.wait(self.interval):
+            rec = read_record(self.rt)
+            if rec is not None and not self.reported:
+                self.reported = True
+                msg = describe(rec)
+                print(f"tilescale: rank {me}: {msg}", file=sys.stderr, flush=True)
+                if self.store is not None:
+                    try:
+                        self.store.set(STORE_KEY, f"{me}|{msg}")
+                    except Exception:  # noqa: BLE001
+                        pass
+                continue
+            if self.store is not None and not self.reported:
+                try:
+                    if self.store.check([STORE_KEY]):
+                        who, _, msg = self.store.get(STORE_KEY).decode().partition("|")
+                        if int(who) != me:
+                            err = RemoteRankError(f"rank {who} failed: {msg}")
+                            print(f"tilescale: rank {me} stops: {err}", file=sys.stderr, flush=True)
+                            time.sleep(0.5)
+                            os._exit(1)
+                except Exception:  # noqa: BLE001  (store gone: job is ending)
+                    pass
