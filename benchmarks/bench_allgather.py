@@ -46,9 +46,7 @@ def run(info, args):
         bus = lambda t: (W - 1) / W * (W * nbytes) / (t * 1e-6) / 1e9  # noqa: E731
         rows.append(dict(bytes=nbytes, tilescale_us=t_ts, nccl_us=t_nccl, tilescale_busbw=bus(t_ts),
                          nccl_busbw=bus(t_nccl), speedup=t_nccl / t_ts, blocks_per_peer=ag.blocks_per_peer))
-        tilescale.symm.free(ag.arrived)
-        tilescale.symm.free(ag.ready)
-        tilescale.symm.free(ag.out)
+        ag.close()
     if rank == 0:
         print_table(f"AllGather bf16, {W} x {environment()['gpu']} (time = slowest rank; busbw in GB/s)",
                     ["bytes/rank", "tilescale us", "NCCL us", "tilescale busbw", "NCCL busbw", "of NVLink",

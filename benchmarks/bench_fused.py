@@ -80,7 +80,7 @@ def run_ag_gemm(info, shapes, dtype, quick):
             except Exception as e:  # noqa: BLE001
                 print(f"async-TP ag_mm failed: {e}")
         rows.append(dict(op="ag_gemm", M=M, K=K, N=N, **t))
-        del op
+        op.close()
     return rows
 
 
@@ -124,7 +124,7 @@ def run_gemm_rs(info, shapes, dtype, quick):
             except Exception as e:  # noqa: BLE001
                 print(f"async-TP mm_rs failed: {e}")
         rows.append(dict(op="gemm_rs", M=M, K=K, N=N, **t))
-        del op
+        op.close()
     return rows
 
 

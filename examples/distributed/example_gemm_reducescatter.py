@@ -33,7 +33,10 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
     import torch
     import torch.distributed as dist
 
+    from tilescale.ops import prebuild
+
     rank, W = info.rank, info.world_size
+    prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for j in prebuild.gemm_rs_jobs([(M, K, N)], W, d)])
     kl = K // W
     rows = slice(rank * (M // W), (rank + 1) * (M // W))
     for dtype in (torch.bfloat16, torch.float16):

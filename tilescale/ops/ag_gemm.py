@@ -108,6 +108,13 @@ class AGGemm:
     def gathered(self):
         return self.a_full[self.epoch % 2]
 
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        for t in (*self.a_full,):
+            symm.free(t)
+
     def __call__(self, a_local, b, out=None):
         import ctypes
 

@@ -103,6 +103,13 @@ class AllGather:
         self.kernel = allgather_kernel(W, bpp, tl_dtype, threads)
         self.kernel.prepare()
 
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        for t in (self.out, self.ready, self.arrived,):
+            symm.free(t)
+
     def __call__(self, x, out=None):
         if tuple(x.shape) != self.shape or x.dtype != self.dtype:
             raise ValueError(f"x: got {tuple(x.shape)} {x.dtype}, expected {self.shape} {self.dtype} "

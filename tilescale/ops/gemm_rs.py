@@ -134,6 +134,13 @@ class GemmRS:
         self.gemm.prepare()
         self.reduce.prepare()
 
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        for t in (*self.P, self.done,):
+            symm.free(t)
+
     def __call__(self, x, w, out=None):
         import torch
 
