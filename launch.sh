@@ -27,8 +27,10 @@ case "$GPUS" in ''|*[!0-9]*|0) echo "launch.sh: GPUS=$GPUS: expected a positive 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
-# tilescale does not use NVLink multicast (NVLS); keep it off unless asked.
+# tilescale does not use NVLink multicast (NVLS); keep it off in NVSHMEM, NCCL and torch unless asked.
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 # Lazy module loading deadlocks a kernel that spins on a signal set by a kernel loaded later.
 export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER}
 

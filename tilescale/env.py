@@ -102,6 +102,10 @@ SETTINGS: tuple[Setting, ...] = (
             "compile target when no GPU is visible, e.g. sm_90a (default sm_90a)"),
     Setting("TILESCALE_CHECK_SYMMETRIC", _parse_bool, lambda: True,
             "check at each launch that tensors used by remote ops live on the symmetric heap"),
+    Setting("TILESCALE_COMPILE_ONLY", _parse_bool, lambda: False,
+            "set by launch.sh on a machine without GPUs: examples compile their kernels instead of running"),
+    Setting("TILESCALE_SKIP_DOCTOR", _parse_bool, lambda: False,
+            "launch.sh skips its pre-flight check (python -m tilescale doctor)"),
     Setting("TILESCALE_LOG", _parse_choice("warning", "info", "debug"), lambda: "warning",
             "log level of the 'tilescale' logger"),
 )
@@ -147,6 +151,10 @@ class _Settings:
     @property
     def check_symmetric(self) -> bool:
         return _BY_NAME["TILESCALE_CHECK_SYMMETRIC"].get()
+
+    @property
+    def compile_only(self) -> bool:
+        return _BY_NAME["TILESCALE_COMPILE_ONLY"].get()
 
     @property
     def log_level(self) -> str:

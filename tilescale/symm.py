@@ -105,6 +105,14 @@ def _shape(shape) -> tuple:
     return shape
 
 
+def heap_size() -> int:
+    """Bytes of symmetric heap per rank: NVSHMEM_SYMMETRIC_SIZE, or NVSHMEM's default (1 GiB)."""
+    from .doctor import NVSHMEM_DEFAULT_SYMMETRIC_SIZE, parse_nvshmem_size
+
+    raw = os.environ.get("NVSHMEM_SYMMETRIC_SIZE")
+    return parse_nvshmem_size(raw) if raw else NVSHMEM_DEFAULT_SYMMETRIC_SIZE
+
+
 def empty(*shape, dtype=None):
     """A tensor on the NVSHMEM symmetric heap, uninitialised. Collective: every rank makes the same call."""
     import torch
@@ -118,17 +126,20 @@ def empty(*shape, dtype=None):
     reg = _registry(rt)
     where = user_location()
     rt.agree("symmetric allocation (seq, shape, dtype)", (reg.seq, shape, str(dtype)))
+    heap = heap_size()
+    exhausted = SymmetricHeapExhaustedError(
+        f"symmetric heap exhausted: allocating {nbytes} bytes ({shape}, {dtype}) at {where} needs more than the "
+        f"{heap - reg.live_bytes} bytes left (live symmetric bytes {reg.live_bytes} of NVSHMEM_SYMMETRIC_SIZE="
+        f"{os.environ.get('NVSHMEM_SYMMETRIC_SIZE', '1G (default)')}). Raise it (e.g. NVSHMEM_SYMMETRIC_SIZE=8G bash "
+        "launch.sh ...) or free tensors with tilescale.symm.free()")
+    if reg.live_bytes + nbytes > heap:  # same sizes on every rank (agreed above): every rank raises here
+        raise exhausted
     ptr = rt.shim.ts_malloc(max(nbytes, 1)) or 0
     ok = rt.all_gather_object(ptr != 0)
     if not all(ok):
         if ptr:
             rt.shim.ts_free(ptr)  # collective on the ranks that did get memory (size is the same everywhere)
-        heap = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "1G (NVSHMEM's default)")
-        raise SymmetricHeapExhaustedError(
-            f"symmetric heap exhausted: allocating {nbytes} bytes ({shape}, {dtype}) at {where} failed on ranks "
-            f"{[r for r, g in enumerate(ok) if not g]}; live symmetric bytes {reg.live_bytes}, "
-            f"NVSHMEM_SYMMETRIC_SIZE={heap}. Raise it (e.g. NVSHMEM_SYMMETRIC_SIZE=8G bash launch.sh ...) or "
-            "free tensors with tilescale.symm.free()")
+        raise exhausted
     a = Allocation(base=ptr, nbytes=nbytes, shape=shape, dtype=dtype, seq=reg.seq, where=where)
     reg.seq += 1
     reg.add(a)

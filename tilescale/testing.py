@@ -23,7 +23,9 @@ LAUNCH_SH = REPO_ROOT / "launch.sh"
 
 
 def example_main(run: Callable, build: Callable[[int], None]) -> None:
-    if os.environ.get("TILESCALE_COMPILE_ONLY") == "1":
+    from .env import settings
+
+    if settings.compile_only:
         ws = int(os.environ.get("WORLD_SIZE", "4"))
         build(ws)
         print(f"compiled every kernel of {Path(sys.argv[0]).name} for world size {ws} (no GPU: not run)")

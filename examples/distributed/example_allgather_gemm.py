@@ -1,6 +1,6 @@
 """AllGather + GEMM with overlap: C = AllGather(A) @ B, A sharded by rows (M/W x K per rank), B local.
 
-    GPUS=4 bash launch.sh examples/distributed/example_allgather_gemm.py [--m 8192 --n 2048 --k 8192]
+    GPUS=4 bash launch.sh examples/distributed/example_allgather_gemm.py [--shape 8192 2048 8192]   # M N K
 
 torch equivalent:
     A = torch.empty(M, K); dist.all_gather_into_tensor(A, A_local); C = A @ B
@@ -73,14 +73,12 @@ if pytest is not None:
     def test_ag_gemm_on_gpus(nranks):
         if testing.gpu_count() < nranks:
             pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
-        proc = testing.launch(__file__, nranks, "--m", str(1024 * nranks), "--n", "1024", "--k", "2048")
+        proc = testing.launch(__file__, nranks, "--shape", str(1024 * nranks), "1024", "2048")
         testing.assert_all_ranks_ok(proc, nranks)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", type=int, default=8192)
-    ap.add_argument("--n", type=int, default=2048)
-    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--shape", type=int, nargs=3, metavar=("M", "N", "K"), default=[8192, 2048, 8192])
     a = ap.parse_args()
-    testing.example_main(lambda info: run(info, a.m, a.n, a.k), lambda ws: build(ws))
+    testing.example_main(lambda info: run(info, *a.shape), lambda ws: build(ws))

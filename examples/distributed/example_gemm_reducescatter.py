@@ -1,6 +1,6 @@
 """GEMM + ReduceScatter with overlap: C_local = ReduceScatter(X_local @ W_local) (row-parallel layer).
 
-    GPUS=4 bash launch.sh examples/distributed/example_gemm_reducescatter.py [--m 8192 --n 8192 --k 8192]
+    GPUS=4 bash launch.sh examples/distributed/example_gemm_reducescatter.py [--shape 8192 8192 8192]   # M N K
 
 torch equivalent (K is the full inner size; each rank holds K/W of it):
     partial = X_local @ W_local; C_local = torch.empty(M // W, N); dist.reduce_scatter_tensor(C_local, partial)
@@ -82,14 +82,12 @@ if pytest is not None:
     def test_gemm_rs_on_gpus(nranks):
         if testing.gpu_count() < nranks:
             pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
-        proc = testing.launch(__file__, nranks, "--m", str(512 * nranks), "--n", "1024", "--k", "2048")
+        proc = testing.launch(__file__, nranks, "--shape", str(512 * nranks), "1024", "2048")
         testing.assert_all_ranks_ok(proc, nranks)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", type=int, default=8192)
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--shape", type=int, nargs=3, metavar=("M", "N", "K"), default=[8192, 8192, 8192])
     a = ap.parse_args()
-    testing.example_main(lambda info: run(info, a.m, a.n, a.k), lambda ws: build(ws))
+    testing.example_main(lambda info: run(info, *a.shape), lambda ws: build(ws))

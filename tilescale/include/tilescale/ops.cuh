@@ -88,16 +88,17 @@ __device__ __forceinline__ void copy_bytes(void* dst, const void* src, size_t n)
     const size_t nv = n / 16;
     uint4* dv = reinterpret_cast<uint4*>(d);
     const uint4* sv = reinterpret_cast<const uint4*>(s);
+    const bool global_src = __isGlobal(s);  // a shared-memory source cannot use ld.global
     size_t i = r;
     constexpr int U = 4;
     for (; i + (U - 1) * (size_t)g < nv; i += U * (size_t)g) {
       uint4 v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = __ldcg(sv + i + u * (size_t)g);
+      for (int u = 0; u < U; ++u) v[u] = global_src ? __ldcg(sv + i + u * (size_t)g) : sv[i + u * (size_t)g];
 #pragma unroll
       for (int u = 0; u < U; ++u) dv[i + u * (size_t)g] = v[u];
     }
-    for (; i < nv; i += g) dv[i] = __ldcg(sv + i);
+    for (; i < nv; i += g) dv[i] = global_src ? __ldcg(sv + i) : sv[i];
     for (size_t j = nv * 16 + r; j < n; j += g) d[j] = s[j];
   } else {
     for (size_t j = r; j < n; j += g) d[j] = s[j];
