@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
-#   bash tests/gpu/run_gpu_tier.sh OUTDIR tests   # pytest -m "gpu or multigpu" (examples + tests)
-#   bash tests/gpu/run_gpu_tier.sh OUTDIR bench   # benchmarks: build modes, AllGather, AG+GEMM, GEMM+RS
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                       # pytest -m "gpu or multigpu"
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,fused  # the benchmarks
+# (PYTEST_K=expr narrows the tests.)
 # Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
 set -u
 OUTD=${1:?usage: run_gpu_tier.sh OUTDIR tests|bench}
@@ -22,12 +23,17 @@ step() {  # step NAME SECONDS CMD...
   echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
   grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
 }
-if [ "$WHAT" = tests ]; then
-  step gpu_tests 560 python3 -m pytest -m "gpu or multigpu" -v -rs --timeout 500 -p no:cacheprovider tests examples
-fi
-if [ "$WHAT" = bench ]; then
-  step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 --json "$OUTD/build_modes.json"
-  step bench_allgather 150 env GPUS="$NG" bash launch.sh benchmarks/bench_allgather.py --json "$OUTD/allgather.json" --plot "$OUTD/allgather_busbw.png"
-  step bench_fused 330 env GPUS="$NG" bash launch.sh benchmarks/bench_fused.py --op both --json "$OUTD/fused.json"
-fi
+for what in ${WHAT//,/ }; do
+  case $what in
+    tests) step gpu_tests 560 python3 -m pytest -m "gpu or multigpu" -v -rs --timeout 500 -p no:cacheprovider \
+             ${PYTEST_K:+-k "$PYTEST_K"} tests examples ;;
+    build_modes) step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 \
+             --json "$OUTD/build_modes.json" ;;
+    allgather) step bench_allgather 170 env GPUS="$NG" bash launch.sh benchmarks/bench_allgather.py \
+             --json "$OUTD/allgather.json" --plot "$OUTD/allgather_busbw.png" ;;
+    fused) step bench_fused 420 env GPUS="$NG" bash launch.sh benchmarks/bench_fused.py --op both \
+             --json "$OUTD/fused.json" ;;
+    *) echo "unknown step $what (tests, build_modes, allgather, fused)"; exit 2 ;;
+  esac
+done
 echo "== summary"; printf '%s\n' "${summary[@]}"
