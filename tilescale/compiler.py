@@ -63,6 +63,7 @@ class DistributedKernel:
         self.world_size = world_size
         self._symm_idx = [params.index(s) for s in symmetric if s in params]
         self._check = check_symmetric
+        self._symmetric_seen: set[int] = set()
         self._ready = False
 
     @property
@@ -108,7 +109,10 @@ class DistributedKernel:
 
         for i in self._symm_idx:
             if i < len(args) and hasattr(args[i], "data_ptr"):
-                require_symmetric(args[i], f"{self.name}({self.param_names[i]}=...)")
+                p = args[i].data_ptr()
+                if p not in self._symmetric_seen:
+                    require_symmetric(args[i], f"{self.name}({self.param_names[i]}=...)")
+                    self._symmetric_seen.add(p)
 
     def __call__(self, *args, **kwargs):
         if not self._ready:
@@ -116,6 +120,13 @@ class DistributedKernel:
         if self._check:
             self.check_args(args)
         return self._kernel(*args, **kwargs)
+
+    def launch(self, *args):
+        """Launch with no argument checks (tilescale's own ops, whose arguments are built right):
+        the fastest path from Python. Needs prepare() (or a first checked call) before."""
+        if not self._ready:
+            self._prepare()
+        return self._kernel(*args, skip_tensor_validation=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._kernel, name)

@@ -46,6 +46,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
             Bs = T.alloc_shared((block_k, block_n), dtype)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
             Cs = T.alloc_shared((block_m, block_n), dtype)
+            T.use_swizzle(panel_size=10)                   # L2 reuse across neighbouring tiles
             me = T.get_rank()
             rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
             src = rb // tiles_per_rank
@@ -147,7 +148,7 @@ class AGGemm:
                     a_full[rows].copy_(self._peers[p][src][rows], non_blocking=True)
                     shim.ts_stream_write_u64(ctypes.c_void_p(s.cuda_stream),
                                              ctypes.c_void_p(self.arrived[src * self.chunks + ch:].data_ptr()), e)
-        self.kernel(a_full, b, c, self.arrived, e)
+        self.kernel.launch(a_full, b, c, self.arrived, e)
         for s in self.streams[:W - 1]:
             main.wait_stream(s)
         return c

@@ -32,8 +32,10 @@ def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = 13
         want = 4
     elif nbytes_per_rank <= 16 << 20:
         want = 16
-    else:
+    elif nbytes_per_rank <= 64 << 20:
         want = 32
+    else:
+        want = 64
     want = max(want, world_size)  # blocks (b < W, j = 0) do the final waits
     return max(world_size, min(want, max(1, sms // world_size)))
 
@@ -102,6 +104,7 @@ class AllGather:
         tl_dtype = str(dtype).replace("torch.", "")
         self.kernel = allgather_kernel(W, bpp, tl_dtype, threads)
         self.kernel.prepare()
+        self._out2d = self.out.view(W, n)
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
@@ -117,7 +120,7 @@ class AllGather:
         if not x.is_contiguous():
             x = x.contiguous()
         self.epoch += 1
-        self.kernel(x.view(-1), self.out.view(self.world_size, self.n), self.ready, self.arrived, self.epoch)
+        self.kernel.launch(x.view(-1), self._out2d, self.ready, self.arrived, self.epoch)
         if out is None or out.data_ptr() == self.out.data_ptr():
             return self.out
         out.copy_(self.out)

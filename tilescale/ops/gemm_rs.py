@@ -45,6 +45,8 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
             Xs = T.alloc_shared((block_m, block_k), dtype)
             Ws = T.alloc_shared((block_k, block_n), dtype)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
+            Cs = T.alloc_shared((block_m, block_n), dtype)
+            T.use_swizzle(panel_size=10)
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
             T.clear(Cl)
@@ -52,8 +54,9 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
                 T.copy(X[rb * block_m, ko * block_k], Xs)
                 T.copy(Wt[ko * block_k, bx * block_n], Ws)
                 T.gemm(Xs, Ws, Cl)
-            T.copy(Cl, P[rb * block_m, bx * block_n])
-            T.atom_add(done[rb], 1, scope="sys", sem="release")  # each storing thread, after its stores
+            T.copy(Cl, Cs)
+            T.copy(Cs, P[rb * block_m, bx * block_n], disable_tma=True)  # vector stores by every thread...
+            T.atom_add(done[rb], 1, scope="sys", sem="release")         # ...each released by its thread
 
     return gemm_rs_gemm
 
@@ -154,8 +157,8 @@ class GemmRS:
         main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
-            self.reduce(P, self.done, c, self.epoch)
-        self.gemm(x, w, P, self.done)
+            self.reduce.launch(P, self.done, c, self.epoch)
+        self.gemm.launch(x, w, P, self.done)
         main.wait_stream(self.stream)
         c.record_stream(self.stream)
         return c

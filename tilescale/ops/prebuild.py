@@ -33,7 +33,10 @@ def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
 def allgather_jobs(world_size: int, dtype: str = "bfloat16") -> list:
     from .allgather import allgather_kernel
 
-    return [(allgather_kernel, (world_size, bpp, dtype)) for bpp in sorted({max(world_size, b) for b in (1, 4, 16, 32)})]
+    from .allgather import default_blocks_per_peer
+
+    bpps = {default_blocks_per_peer(1 << k, world_size) for k in range(10, 29)}
+    return [(allgather_kernel, (world_size, bpp, dtype)) for bpp in sorted(bpps)]
 
 
 def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:
