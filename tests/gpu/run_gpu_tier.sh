@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                       # pytest -m "gpu or multigpu"
-#   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,fused  # the benchmarks
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
 # (PYTEST_K=expr narrows the tests.)
 # Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
 set -u
@@ -31,9 +31,10 @@ for what in ${WHAT//,/ }; do
              --json "$OUTD/build_modes.json" ;;
     allgather) step bench_allgather 170 env GPUS="$NG" bash launch.sh benchmarks/bench_allgather.py \
              --json "$OUTD/allgather.json" --plot "$OUTD/allgather_busbw.png" ;;
+    put_bw) step bench_put_bw 150 env GPUS="$NG" bash launch.sh benchmarks/bench_put_bw.py --json "$OUTD/put_bw.json" ;;
     fused) step bench_fused 420 env GPUS="$NG" bash launch.sh benchmarks/bench_fused.py --op both \
              --json "$OUTD/fused.json" ;;
-    *) echo "unknown step $what (tests, build_modes, allgather, fused)"; exit 2 ;;
+    *) echo "unknown step $what (tests, build_modes, allgather, put_bw, fused)"; exit 2 ;;
   esac
 done
 echo "== summary"; printf '%s\n' "${summary[@]}"
