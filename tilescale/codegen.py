@@ -24,7 +24,7 @@ _lock = threading.Lock()
 _installed = False
 _previous = None
 
-_DYN_SMEM = re.compile(r"extern __shared__ __align__\(1024\) uchar buf_dyn_shmem\[\];")
+_DYN_SMEM = re.compile(r"extern __shared__ __align__\(1024\) (\w+) (\w+)\[\];")
 _KERNEL_DECL = re.compile(r'^(extern "C" __global__ void[^\n]*)$', re.M)
 
 RDC_LAUNCH_MACROS = """
@@ -41,8 +41,10 @@ def transform(code: str, build_mode: str) -> str:
         return code
     code = _KERNEL_DECL.sub(lambda m: m.group(1).replace(" __restrict__", ""), code)
     if build_mode == "rdc" and _DYN_SMEM.search(code):
-        code = _DYN_SMEM.sub("extern __shared__ __align__(1024) uchar tilescale_dyn_shmem_raw[];\n"
-                             "  uchar* buf_dyn_shmem = tilescale::align_dyn_smem(tilescale_dyn_shmem_raw);", code)
+        # tilelang names the merged buffer `uchar buf_dyn_shmem[]`, a single one by its own name and type
+        code = _DYN_SMEM.sub(lambda m: f"extern __shared__ __align__(1024) uchar tilescale_dyn_shmem_raw[];\n"
+                                       f"  {m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>("
+                                       "tilescale::align_dyn_smem(tilescale_dyn_shmem_raw));", code)
         code = code + RDC_LAUNCH_MACROS
     return INCLUDE_LINE + code
 

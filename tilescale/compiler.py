@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,13 @@ def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=
     spec = resolve_backend(func, execution_backend, pass_configs, build_mode)
     target = default_target(target)
     if not spec.distributed:
+        if spec.name == "cython":  # tilelang's cython build links -lcuda: on a GPU-less machine, the stub
+            from .toolchain import stub_libcuda_dir
+
+            stub = stub_libcuda_dir()
+            if stub is not None:
+                compile_flags = ([compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])) + \
+                    [f"-L{stub}"]
         return _tl_compile(func, out_idx=out_idx, execution_backend=execution_backend, target=target,
                            target_host=target_host, verbose=verbose, pass_configs=tl_pc, compile_flags=compile_flags)
     flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
@@ -174,6 +182,10 @@ def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=
                         verbose=verbose, pass_configs=tl_pc, compile_flags=flags)
     check = settings.check_symmetric if check_symmetric is None else check_symmetric
     return DistributedKernel(k, spec, _func_name(func), param_names(func), symmetric_params(func), world_size, check)
+
+
+_NVCC_ERROR = re.compile(r"\(\d+\): (error|catastrophic error)|fatal error|undefined reference|"
+                         r"ptxas (error|fatal)|nvlink (error|fatal)|nvcc fatal")
 
 
 @contextlib.contextmanager
@@ -188,11 +200,13 @@ def _explain_build_errors(name: str, spec: BackendSpec):
             raise
         from .discovery import find_nvshmem
 
-        errors = [ln for ln in msg.splitlines() if " error" in ln or "fatal" in ln or "undefined reference" in ln]
+        errors = [ln for ln in msg.splitlines() if _NVCC_ERROR.search(ln)]
         nv = find_nvshmem()
+        detail = ("\n  ".join(errors[:20]) if errors else
+                  "(nvcc's own messages are on this process's stderr, above: tilelang does not capture them)")
         raise BuildError(f"nvcc could not build distributed kernel '{name}' ({spec.build_mode} mode, NVSHMEM "
-                         f"{nv.version} from {nv.root}):\n  " + "\n  ".join(errors[:20] or msg.splitlines()[:20]) +
-                         "\n(the full command and source: the chained exception)") from e
+                         f"{nv.version} from {nv.root}):\n  {detail}\n"
+                         "(the full command and generated source: the chained exception)") from e
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def user_location(kernel_line: bool = False) -> str:
     f = sys._getframe(1)
     while f is not None:
         fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(internal) and not fn.startswith("<"):
+        if not fn.startswith(tuple(d + os.sep for d in internal)) and not fn.startswith("<"):
             return f"{f.f_code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown location>"

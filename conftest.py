@@ -1,0 +1,113 @@
+"""Repository-wide pytest setup.
+
+* ``gpu`` / ``multigpu`` tests are skipped, with the reason, when torch sees fewer GPUs than they need
+  (each such test also checks for itself; this hook makes the CPU tier safe to run anywhere).
+* A run in which no test passed but some were skipped is a failure: a CI that skips everything has
+  checked nothing.
+* Device-side waits of kernels built by the tests are bounded (``TILESCALE_WAIT_TIMEOUT_S=30``) unless
+  the caller chose otherwise. The user's kernel caches are kept (speed); tests that need a cold cache
+  make their own temporary one.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
+
+REPO_ROOT = Path(__file__).resolve().parent
+
+# Variables that change how tilescale resolves, discovers or builds: tests that check defaults clear them.
+TILESCALE_ENV_VARS = (
+    "TILESCALE_USE_DISTRIBUTED", "TILELANG_USE_DISTRIBUTED", "TILESCALE_USE_NVSHMEM", "TILELANG_USE_NVSHMEM",
+    "NVSHMEM_HOME", "TILESCALE_BUILD_MODE", "TILESCALE_TARGET", "TILESCALE_CHECK_SYMMETRIC", "TILESCALE_LOG",
+)
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    needs = [(item, 2 if "multigpu" in item.keywords else 1) for item in items
+             if "gpu" in item.keywords or "multigpu" in item.keywords]
+    if not needs:
+        return
+    found = _gpu_count()
+    for item, n in needs:
+        if found < n:
+            marker = "multigpu" if n > 1 else "gpu"
+            item.add_marker(pytest.mark.skip(
+                reason=f"'{marker}' test needs at least {n} CUDA GPU(s); torch sees {found}"))
+
+
+# ------------------------------------------------------------------ "everything skipped" is a failure
+_outcomes = {"passed": 0, "skipped": 0}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed and not hasattr(report, "wasxfail"):
+        _outcomes["passed"] += 1
+    elif report.skipped:
+        _outcomes["skipped"] += 1
+
+
+def _all_skipped_message() -> str:
+    return (f"conftest.py: no test passed and {_outcomes['skipped']} were skipped: a run where every test is "
+            "skipped checks nothing, so it counts as a failure (exit status 1)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _outcomes["passed"] == 0 and _outcomes["skipped"] > 0 and exitstatus == 0:
+        session.exitstatus = 1
+        _outcomes["all_skipped"] = 1
+        if session.config.pluginmanager.get_plugin("terminalreporter") is None:
+            print(_all_skipped_message(), file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # called after pytest_sessionfinish, from the terminal reporter's own sessionfinish
+    if _outcomes.get("all_skipped"):
+        terminalreporter.ensure_newline()
+        terminalreporter.write_line(_all_skipped_message(), red=True, bold=True)
+
+
+# --------------------------------------------------------------------------------- shared fixtures
+@pytest.fixture
+def clean_ts_env(monkeypatch):
+    """No tilescale setting from the caller's environment, and a fresh NVSHMEM discovery."""
+    for name in TILESCALE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    from tilescale import discovery
+
+    discovery.clear_cache()
+    yield monkeypatch
+    discovery.clear_cache()
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
+               ) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `code` in a fresh interpreter (this one's), with os.environ plus `env`; (result, seconds)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), e.get("PYTHONPATH", "")) if p)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=e, timeout=timeout, cwd=str(cwd or REPO_ROOT))
+    return r, time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def python_runner():
+    """`run_python` for tests: runs code in a subprocess, returns (CompletedProcess, seconds)."""
+    return run_python

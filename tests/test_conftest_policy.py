@@ -1,0 +1,76 @@
+"""The repository conftest.py: GPU tiers are skipped with a reason where the GPUs are missing, and a run
+in which every test was skipped fails."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+INI = """[pytest]
+markers =
+    gpu: needs one CUDA GPU
+    multigpu: needs 2-4 GPUs
+addopts = -ra -p no:cacheprovider
+"""
+
+
+def _pytest(tmp_path: Path, tests: str, *args: str) -> subprocess.CompletedProcess:
+    shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_sample.py").write_text(tests)
+    env = {k: v for k, v in os.environ.items() if k != "TILESCALE_WAIT_TIMEOUT_S"}  # conftest sets it
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300, env=env)
+
+
+SAMPLE = """
+import pytest
+
+@pytest.mark.gpu
+def test_needs_one_gpu():
+    pass
+
+@pytest.mark.multigpu
+def test_needs_two_gpus():
+    pass
+
+def test_cpu():
+    pass
+
+def test_env_default():
+    import os
+    assert os.environ["TILESCALE_WAIT_TIMEOUT_S"] == "30"
+"""
+
+
+def test_gpu_tests_are_skipped_with_a_reason(tmp_path):
+    from tilescale import testing
+
+    if testing.gpu_count() >= 2:
+        import pytest
+
+        pytest.skip("this machine has GPUs")
+    r = _pytest(tmp_path, SAMPLE)
+    assert r.returncode == 0, r.stdout
+    assert "2 passed, 2 skipped" in r.stdout, r.stdout
+    assert "'multigpu' test needs at least 2 CUDA GPU(s)" in r.stdout
+    if testing.gpu_count() == 0:
+        assert "'gpu' test needs at least 1 CUDA GPU(s); torch sees 0" in r.stdout
+
+
+def test_a_run_where_everything_is_skipped_fails(tmp_path):
+    r = _pytest(tmp_path, SAMPLE + "\n\ndef test_skipped():\n    pytest.skip('nothing to do here')\n",
+                "-k", "skipped")
+    assert r.returncode == 1, r.stdout
+    assert "no test passed and 1 were skipped" in r.stdout
+
+
+def test_a_run_with_a_pass_and_skips_passes(tmp_path):
+    r = _pytest(tmp_path, SAMPLE + "\n\ndef test_skipped():\n    pytest.skip('nothing to do here')\n",
+                "-k", "skipped or cpu")
+    assert r.returncode == 0, r.stdout
+    assert "1 passed, 1 skipped" in r.stdout
