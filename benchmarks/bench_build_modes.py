@@ -13,11 +13,16 @@ Prints a table with TFLOP/s and the ratio to tilelang; every variant is checked 
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import tilelang
 
-import tilescale
-import tilescale.language as T
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tilescale  # noqa: E402
+import tilescale.language as T  # noqa: E402
+from timing import time_op  # noqa: E402
 
 
 def gemm_func(M, N, K, with_quiet, BM=128, BN=256, BK=64, stages=3):
@@ -59,23 +64,6 @@ def ts_gemm_quiet(M, N, K):
     return gemm_func(M, N, K, True)
 
 
-def bench(fn, warmup, iters, repeats):
-    import torch
-
-    times = []
-    for _ in range(repeats):
-        for _ in range(warmup):
-            fn()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / iters)
-    return times
-
-
 def run(info, args):
     import torch
 
@@ -106,7 +94,7 @@ def run(info, args):
     times = {n: [] for n in fns}
     for _ in range(args.repeats):  # round-robin so clocks and heat hit every variant alike
         for n, fn in fns.items():
-            times[n] += bench(fn, args.warmup, args.iters, 1)
+            times[n].append(time_op(fn, args.warmup, args.iters, repeats=1) / 1e3)  # ms
     flop = 2.0 * M * N * K
     tf = {n: flop / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
     rows = []

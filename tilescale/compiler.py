@@ -236,7 +236,7 @@ def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *,
     tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"}, "c")
     flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s) if spec.distributed else list(compile_flags or [])
     cfg = dict(tl_pc or {})
-    with codegen.distributed_build(spec.build_mode or "inlined") if spec.distributed else _nullctx():
+    with codegen.distributed_build(spec.build_mode or "inlined") if spec.distributed else contextlib.nullcontext():
         with tvm.transform.PassContext(opt_level=3, config=cfg), tgt:
             art = lower(func, target=tgt)
         w = TLWrapper(tgt)
@@ -264,17 +264,9 @@ def lower_source(func: PrimFunc, target=None, build_mode: str = "inlined") -> st
 
     spec = resolve_backend(func, "auto", None, None)
     tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"})
-    ctx = codegen.distributed_build(build_mode) if spec.distributed else _nullctx()
+    ctx = codegen.distributed_build(build_mode) if spec.distributed else contextlib.nullcontext()
     with ctx, tvm.transform.PassContext(opt_level=3), tgt:
         return lower(func, target=tgt).kernel_source
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 @dataclass

@@ -109,7 +109,7 @@ class Runtime:
         # the GPU (UVA) and stays readable after the kernel traps.
         self.wait_diag = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
         self.watchdog = None
-        self.modules: dict[int, int] = {}   # id(ctypes lib) -> module init result
+        self.modules: dict[int, ctypes.CDLL] = {}   # id(ctypes lib) -> the module, once initialised
         self.closed = False
 
     # ---------------------------------------------------------------- collectives of the control plane
@@ -289,20 +289,17 @@ def finalize() -> None:
         return
     torch.cuda.synchronize()
     symm.free_all(rt)
-    for lib_id, lib in list(_module_libs.items()):
+    for lib in rt.modules.values():
         fin = getattr(lib, "tilescale_module_finalize", None)
         if fin is not None:
             fin.restype = ctypes.c_int
             fin()
-    _module_libs.clear()
+    rt.modules.clear()
     rt.shim.ts_finalize()
     rt.closed = True
     if rt.created_pg and dist.is_initialized():
         dist.destroy_process_group()
     _RT = None
-
-
-_module_libs: dict[int, ctypes.CDLL] = {}
 
 
 def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
@@ -323,5 +320,4 @@ def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
                    -9: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
                                                         "headers and host library?)")
         raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
-    rt.modules[key] = rc
-    _module_libs[key] = lib
+    rt.modules[key] = lib

@@ -11,7 +11,9 @@ Every example under ``examples/distributed`` ends with::
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -63,28 +65,20 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     if env:
         e.update(env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                            start_new_session=True)
     try:
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                              env=e, start_new_session=True)
-    except subprocess.TimeoutExpired as t:
-        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
-        _kill_group(t)
-        return subprocess.CompletedProcess(cmd, 124, out + f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n")
-
-
-def _kill_group(t) -> None:
-    import signal
-
-    # subprocess.run killed the direct child; its process group (torchrun + ranks) may live on.
-    try:
-        out = subprocess.run(["pgrep", "-f", str(LAUNCH_SH)], stdout=subprocess.PIPE, text=True).stdout
-        for pid in out.split():
-            try:
-                os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, ValueError):
-                pass
-    except FileNotFoundError:
-        pass
+        out, _ = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out)
+    except subprocess.TimeoutExpired:
+        # launch.sh, torchrun (launch.sh gives it a process group of its own) and every rank share the
+        # session started here: end all of it, and nothing else.
+        with contextlib.suppress(FileNotFoundError):
+            subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return subprocess.CompletedProcess(cmd, 124, (out or "") + f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n")
 
 
 def assert_all_ranks_ok(proc: subprocess.CompletedProcess, nranks: int, marker: str = "OK") -> None:

@@ -69,17 +69,10 @@ def _err(op: str, msg: str) -> LanguageError:
 
 
 # --------------------------------------------------------------------------------- validation
-def _choice(op: str, arg: str, value, table: dict):
-    if not isinstance(value, str) or value not in table:
-        return None, _err(op, f"{arg}: got {value!r}, expected one of {', '.join(repr(k) for k in table)}")
-    return table[value], None
-
-
 def _pick(op: str, arg: str, value, table: dict) -> int:
-    v, e = _choice(op, arg, value, table)
-    if e is not None:
-        raise e
-    return v
+    if not isinstance(value, str) or value not in table:
+        raise _err(op, f"{arg}: got {value!r}, expected one of {', '.join(repr(k) for k in table)}")
+    return table[value]
 
 
 def _pe(op: str, arg: str, pe) -> tirx.PrimExpr:

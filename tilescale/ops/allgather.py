@@ -18,6 +18,7 @@ Signal protocol of one call (epoch e = 1, 2, ...; every rank runs one kernel of
    shard has arrived here.
 """
 import functools
+import math
 
 import tilescale
 import tilescale.language as T
@@ -88,10 +89,7 @@ class AllGather:
         self.rank = rt.info.rank
         self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
-        self.n = n = 1
-        for s in self.shape:
-            n *= s
-        self.n = n
+        self.n = n = math.prod(self.shape)
         esize = torch.empty((), dtype=dtype).element_size()
         bpp = blocks_per_peer or default_blocks_per_peer(n * esize, W)
         while n % bpp:  # chunks must tile the shard
