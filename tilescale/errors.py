@@ -42,6 +42,10 @@ class SymmetricMismatchError(TileScaleError, RuntimeError):
     """Ranks disagree on a collective call (sizes, dtypes, order of symmetric allocations...)."""
 
 
+class CollectiveMismatchError(SymmetricMismatchError, ValueError):
+    """Ranks called a collective with different arguments (shape, dtype, split sizes, root...)."""
+
+
 class SymmetricHeapExhaustedError(TileScaleError, MemoryError):
     """The NVSHMEM symmetric heap has no room for an allocation."""
 
