@@ -57,14 +57,30 @@ fi
 cmd=($PY -m torch.distributed.run --nproc_per_node="$GPUS" --nnodes="$NNODES" --node_rank="$NODE_RANK"
      --master_addr="$MASTER_ADDR" --master_port="$PORT" "$@")
 echo "+ ${cmd[*]}"
-# Own process group: on Ctrl-C / TERM, or when torchrun exits, nothing it started stays behind.
+# On Ctrl-C / TERM, or when torchrun exits, nothing the job started stays behind. torchrun starts each
+# rank in a session of its own, so no process group holds the whole job: every process of it carries
+# LAUNCH_SH_JOB_ID in its environment instead (ranks and what they start, also once reparented).
+JOB_ID="$$-$RANDOM$RANDOM"
+job_pids() { grep -lzx "LAUNCH_SH_JOB_ID=$JOB_ID" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+end_job() {  # TERM every process of the job; KILL what is left after 10 s
+  local pids i
+  pids=$(job_pids)
+  [ -n "$pids" ] || return 0
+  kill -TERM $pids 2>/dev/null
+  for i in $(seq 100); do
+    sleep 0.1
+    pids=$(job_pids)
+    [ -n "$pids" ] || return 0
+  done
+  echo "launch.sh: killing processes that did not end on SIGTERM: $(echo $pids)" >&2
+  kill -KILL $pids 2>/dev/null
+}
 set -m
-"${cmd[@]}" &
+LAUNCH_SH_JOB_ID=$JOB_ID "${cmd[@]}" &
 child=$!
-cleanup() { kill -TERM -- "-$child" 2>/dev/null; sleep 2; kill -KILL -- "-$child" 2>/dev/null; }
-trap 'cleanup; exit 130' INT
-trap 'cleanup; exit 143' TERM
+trap 'end_job; exit 130' INT
+trap 'end_job; exit 143' TERM
 wait "$child"
 rc=$?
-kill -KILL -- "-$child" 2>/dev/null
+end_job
 exit $rc

@@ -18,7 +18,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tilescale", "tilescale.*"]),
-    package_data={"tilescale": ["include/tilescale/*.cuh", "csrc/*.cu"]},
+    package_data={"tilescale": ["include/tilescale/*.cuh", "csrc/*.cu", "plan/tuning/*.json", "ops/*.json"]},
     install_requires=[
         "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: tilescale builds on its public hooks
         "torch>=2.9",

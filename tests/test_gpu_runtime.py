@@ -20,8 +20,10 @@ def test_bad_input_matrix_two_ranks():
     proc = testing.launch(GPU / "bad_input_main.py", 2, timeout=300)
     testing.assert_all_ranks_ok(proc, 2, marker="OK: bad-input matrix")
     for case in ("init_distributed twice", "different sizes", "non-symmetric", "peer index", "world size differs",
-                 "symmetric heap exhausted", "freeing twice"):
+                 "symmetric heap exhausted", "freeing twice", "AllGather shape differs", "AllGather dtype differs",
+                 "AGGemm shape differs", "AGGemm dtype differs"):
         assert proc.stdout.count(f"OK: {case}") == 2, f"case '{case}' not OK on both ranks\n{proc.stdout[-4000:]}"
+    assert proc.stdout.count("OK: kernel built for sm_") == 4, "two other GPU archs on both ranks\n" + proc.stdout[-4000:]
 
 
 @pytest.mark.multigpu

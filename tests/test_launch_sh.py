@@ -1,9 +1,12 @@
-"""launch.sh on a machine without GPUs: compiles instead of running, says so, exits 2; argument errors."""
+"""launch.sh on a machine without GPUs: compiles instead of running, says so, exits 2; argument errors; how a
+job ends (Ctrl-C, a failing rank, a normal exit) leaves no process behind."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,85 @@ def test_failing_script_reports_its_exit_code(tmp_path):
     r = _launch([str(bad)], gpus="2")
     assert r.returncode == 7
     assert "compiling failed (exit 7)" in r.stderr
+
+
+# ------------------------------------------------------------------ how a job ends (torchrun path, on CPU)
+# launch.sh takes the torchrun path when its interpreter reports GPUs: a wrapper reports 2 and hands
+# everything else to this interpreter, so the real launch.sh starts the real torchrun with 2 CPU ranks.
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$*" in *device_count*) echo 2; exit 0 ;; esac
+exec {python} "$@"
+"""
+
+RANK_SCRIPT = r"""
+import os, signal, subprocess, sys, time
+rank, mode = int(os.environ["RANK"]), sys.argv[1]
+if mode == "stubborn" and rank == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)      # a rank that does not end on SIGTERM
+child = subprocess.Popen(["sleep", "300"])               # a process a rank started (a compiler, a helper)
+print(f"[rank {rank}] RUNNING pid={os.getpid()} child={child.pid}", flush=True)
+if mode == "fail" and rank == 1:
+    time.sleep(0.5)
+    sys.exit(3)
+if mode == "exit":
+    sys.exit(0)
+time.sleep(300)
+"""
+
+
+def _torchrun_job(tmp_path, mode):
+    import jobs
+
+    py = tmp_path / "python"
+    py.write_text(FAKE_PYTHON.format(python=sys.executable))
+    py.chmod(0o755)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    job = jobs.Job(script, mode, gpus=2, env={"PYTHON": str(py)})
+    try:
+        lines = job.wait_for(r"\[rank \d\] RUNNING", 2, timeout=120)
+    except AssertionError:
+        job.kill()
+        raise
+    started = [int(p) for ln in lines for p in re.findall(r"(?:pid|child)=(\d+)", ln)]
+    started += jobs.session_members(job.sid)              # launch.sh and torchrun
+    return job, started
+
+
+def _assert_all_ended(job, started):
+    import jobs
+
+    left = [p for p in started if jobs.alive(p)] + job.leftovers(grace=5)
+    if left:
+        desc = job.describe(left)
+        job.kill(started + left)
+        raise AssertionError(f"processes of the job still running:\n{desc}\n--- output ---\n{job.output[-3000:]}")
+
+
+@pytest.mark.parametrize("mode", ["loop", "stubborn"])
+def test_ctrl_c_ends_every_process(tmp_path, mode):
+    """Ctrl-C (SIGINT to launch.sh's process group): launch.sh exits 130 within seconds, and the ranks,
+    what they started, and torchrun are all gone, also a rank that ignores SIGTERM."""
+    job, started = _torchrun_job(tmp_path, mode)
+    t0 = time.monotonic()
+    job.interrupt()
+    rc = job.wait(timeout=40)
+    took = time.monotonic() - t0
+    _assert_all_ended(job, started)
+    assert rc == 130, f"exit code {rc}\n{job.output[-3000:]}"
+    assert took < 20, f"launch.sh took {took:.1f} s to end after Ctrl-C"
+
+
+@pytest.mark.parametrize("mode,expect_rc", [("exit", 0), ("fail", None)])
+def test_job_end_leaves_no_process_behind(tmp_path, mode, expect_rc):
+    """Every rank exits (0), or one fails (the job's exit code is non-zero, the other rank is stopped):
+    launch.sh returns and nothing the job started is left running, the ranks' own children included."""
+    job, started = _torchrun_job(tmp_path, mode)
+    rc = job.wait(timeout=90)
+    _assert_all_ended(job, started)
+    assert rc is not None, "launch.sh did not end"
+    if expect_rc is not None:
+        assert rc == expect_rc, f"exit code {rc}\n{job.output[-3000:]}"
+    else:
+        assert rc != 0, job.output[-3000:]

@@ -40,7 +40,7 @@ _LAZY = {
     "get_remote_ptr": ("tilescale.symm", "get_remote_ptr"),
 }
 _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "runtime", "analysis", "codegen",
-               "toolchain", "testing", "diagnostics")
+               "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler")
 
 
 def barrier(stream=None) -> None:

@@ -25,7 +25,7 @@ from tilelang.language.eager import PrimFunc, prim_func
 
 from .backend import BackendSpec, nvshmem_compile_flags, resolve_backend, split_pass_configs
 from .env import settings
-from .errors import BuildError, TileScaleError, WorldSizeMismatchError
+from .errors import ArchMismatchError, BuildError, TileScaleError, WorldSizeMismatchError
 
 log = logging.getLogger("tilescale")
 
@@ -48,6 +48,83 @@ def default_target(target=None):
     if not arch.startswith("sm_"):
         raise TileScaleError(f"TILESCALE_TARGET={arch!r}: expected an arch such as sm_90a")
     return {"kind": "cuda", "arch": arch}
+
+
+_SM = re.compile(r"sm_(\d+?)(\d)([af]?)")
+
+
+def target_codes(target) -> list[str]:
+    """The GPU codes (``sm_XY[a|f]``) that a CUDA `target` compiles to, e.g. ``['sm_90a']``; [] when the
+    target names none (None / "auto": tilelang picks the visible GPU's) or is not a CUDA target."""
+    if target in (None, "auto"):
+        return []
+    try:
+        from tilelang.backend.target import determine_target
+
+        t = determine_target(target, return_object=True)
+    except Exception:  # noqa: BLE001  (tilelang reports invalid targets itself, when it compiles)
+        return []
+    if t.kind.name != "cuda":
+        return []
+    if "code" in t.attrs:
+        return [str(c) for c in t.attrs["code"]]
+    return [str(t.attrs["arch"])] if "arch" in t.attrs else []
+
+
+def code_runs_on(code: str, capability: tuple[int, int]) -> bool:
+    """Whether GPU code `code` (tilelang embeds machine code only, no PTX) runs on a GPU of compute
+    capability `capability`: ``sm_XYa`` only on X.Y; ``sm_XY`` and ``sm_XYf`` on X.Z for Z >= Y."""
+    m = _SM.fullmatch(code)
+    if m is None:
+        return True  # not a form tilescale knows: let the driver decide
+    major, minor, variant = int(m.group(1)), int(m.group(2)), m.group(3)
+    if variant == "a":
+        return tuple(capability) == (major, minor)
+    return capability[0] == major and capability[1] >= minor
+
+
+def device_arch(capability: tuple[int, int]) -> str:
+    """The code tilelang compiles for a GPU of this compute capability (sm_90a for 9.0, sm_80 for 8.0)."""
+    major, minor = capability
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def _current_device():
+    """(index, name, compute capability) of this process's CUDA device; None without a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        i = torch.cuda.current_device()
+        return i, torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_target_arch(target, kernel: str, device=None) -> None:
+    """Raise :class:`ArchMismatchError` if `target` compiles `kernel` for GPU code that cannot run on
+    `device` ((index, name, capability); default: this process's GPU). Nothing to check without a GPU
+    or when the target is left to tilelang (None / "auto")."""
+    if target in (None, "auto"):
+        return
+    device = device or _current_device()
+    if device is None:
+        return
+    codes = target_codes(target)
+    if not codes:
+        return
+    index, name, cap = device
+    if any(code_runs_on(c, cap) for c in codes):
+        return
+    here = device_arch(cap)
+    raise ArchMismatchError(
+        f"kernel '{kernel}': target={target!r} compiles it for {', '.join(codes)}, but this process's GPU "
+        f"{index} ({name}) has compute capability {cap[0]}.{cap[1]} ({here}): code built for "
+        f"{codes[0]} cannot run there (CUDA would fail with 'no kernel image is available'). Compile it for "
+        f"this GPU: leave target unset (or 'auto'), or pass target={{'kind': 'cuda', 'arch': '{here}'}}. "
+        f"To build for {codes[0]} without loading it, use tilescale.build(..., target=...) or compile on a "
+        f"machine without a GPU with TILESCALE_TARGET={codes[0]}.")
 
 
 class DistributedKernel:
@@ -166,6 +243,7 @@ def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=
     tl_pc, _ = split_pass_configs(pass_configs)
     spec = resolve_backend(func, execution_backend, pass_configs, build_mode)
     target = default_target(target)
+    check_target_arch(target, _func_name(func))  # before tilelang loads the kernel
     if not spec.distributed:
         if spec.name == "cython":  # tilelang's cython build links -lcuda: on a GPU-less machine, the stub
             from .toolchain import stub_libcuda_dir
@@ -201,11 +279,14 @@ def _explain_build_errors(name: str, spec: BackendSpec):
         from .discovery import find_nvshmem
 
         errors = [ln for ln in msg.splitlines() if _NVCC_ERROR.search(ln)]
-        nv = find_nvshmem()
         detail = ("\n  ".join(errors[:20]) if errors else
                   "(nvcc's own messages are on this process's stderr, above: tilelang does not capture them)")
-        raise BuildError(f"nvcc could not build distributed kernel '{name}' ({spec.build_mode} mode, NVSHMEM "
-                         f"{nv.version} from {nv.root}):\n  {detail}\n"
+        if spec.distributed:
+            nv = find_nvshmem()
+            what = f"distributed kernel '{name}' ({spec.build_mode} mode, NVSHMEM {nv.version} from {nv.root})"
+        else:
+            what = f"kernel '{name}' (no distributed ops: plain tilelang build)"
+        raise BuildError(f"nvcc could not build {what}:\n  {detail}\n"
                          "(the full command and generated source: the chained exception)") from e
 
 
@@ -234,7 +315,15 @@ def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *,
     tl_pc, _ = split_pass_configs(pass_configs)
     spec = resolve_backend(func, "auto", pass_configs, build_mode)
     tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"}, "c")
-    flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s) if spec.distributed else list(compile_flags or [])
+    if spec.distributed:
+        flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
+    else:  # tilelang's library build links -lcuda: on a GPU-less machine, against the stub
+        from .toolchain import stub_libcuda_dir
+
+        flags = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])
+        stub = stub_libcuda_dir()
+        if stub is not None:
+            flags.append(f"-L{stub}")
     cfg = dict(tl_pc or {})
     with codegen.distributed_build(spec.build_mode or "inlined") if spec.distributed else contextlib.nullcontext():
         with tvm.transform.PassContext(opt_level=3, config=cfg), tgt:

@@ -108,6 +108,28 @@ SETTINGS: tuple[Setting, ...] = (
             "launch.sh skips its pre-flight check (python -m tilescale doctor)"),
     Setting("TILESCALE_LOG", _parse_choice("warning", "info", "debug"), lambda: "warning",
             "log level of the 'tilescale' logger"),
+    Setting("TILESCALE_PLAN_DIR", _parse_str, lambda: _BY_NAME["TILESCALE_CACHE_DIR"].get(),
+            "root of the plan cache: compiled collective plans are kept as plans/<collective>/<id>.json "
+            "below it (default: TILESCALE_CACHE_DIR)"),
+    Setting("TILESCALE_TUNING_FILE", _parse_str, lambda: "",
+            "a tuning table (JSON: gpu, world_size, collectives) used instead of the tables shipped in "
+            "tilescale/plan/tuning; it decides where built-in plans replace NCCL"),
+    Setting("TILESCALE_DIST_PREFER", _parse_choice("auto", "tilescale", "nccl"), lambda: "auto",
+            "default hint of tilescale.distributed collectives (use_tilescale=True): auto (tuning table, "
+            "NCCL where no table matches), tilescale (a built-in plan wherever one can run), nccl"),
+    Setting("TILESCALE_DIST_DEBUG", _parse_bool, lambda: False,
+            "print one line per tilescale.distributed collective call: the plan chosen, or NCCL and why"),
+    Setting("TILESCALE_PROFILE", _parse_bool, lambda: False,
+            "record tilescale's profiler events for the whole run (calls, launches, copy chunks; in-kernel "
+            "tile steps of ops built with TILESCALE_PROFILE_DEVICE) into TILESCALE_PROFILE_DIR"),
+    Setting("TILESCALE_PROFILE_MASK", _parse_str, lambda: "all",
+            "event types the profiler records: names among group, coll, fused, launch, kernel, copy, wait, "
+            "tile, host, device, all (comma-separated) or an int bit mask; parents are added"),
+    Setting("TILESCALE_PROFILE_DIR", _parse_str, lambda: "tilescale_profile",
+            "where the profiler writes trace_rank<R>.json and, on rank 0, the merged trace.json"),
+    Setting("TILESCALE_PROFILE_DEVICE", _parse_bool, lambda: False,
+            "fused ops built from now on also build their instrumented kernels (in-kernel %globaltimer "
+            "stamps per tile) and use them while profiling; off, the kernels are unchanged"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -159,6 +181,38 @@ class _Settings:
     @property
     def log_level(self) -> str:
         return _BY_NAME["TILESCALE_LOG"].get()
+
+    @property
+    def plan_dir(self) -> Path:
+        return Path(_BY_NAME["TILESCALE_PLAN_DIR"].get()).expanduser()
+
+    @property
+    def tuning_file(self) -> str:
+        return _BY_NAME["TILESCALE_TUNING_FILE"].get()
+
+    @property
+    def dist_prefer(self) -> str:
+        return _BY_NAME["TILESCALE_DIST_PREFER"].get()
+
+    @property
+    def dist_debug(self) -> bool:
+        return _BY_NAME["TILESCALE_DIST_DEBUG"].get()
+
+    @property
+    def profile(self) -> bool:
+        return _BY_NAME["TILESCALE_PROFILE"].get()
+
+    @property
+    def profile_mask(self) -> str:
+        return _BY_NAME["TILESCALE_PROFILE_MASK"].get()
+
+    @property
+    def profile_dir(self) -> Path:
+        return Path(_BY_NAME["TILESCALE_PROFILE_DIR"].get()).expanduser()
+
+    @property
+    def profile_device(self) -> bool:
+        return _BY_NAME["TILESCALE_PROFILE_DEVICE"].get()
 
 
 settings = _Settings()

@@ -34,6 +34,10 @@ class AlreadyInitializedError(TileScaleError, RuntimeError):
     """tilescale.init_distributed() was called twice."""
 
 
+class ArchMismatchError(TileScaleError, RuntimeError):
+    """A kernel compiled for one GPU architecture, about to be loaded on a GPU of another."""
+
+
 class WorldSizeMismatchError(TileScaleError, RuntimeError):
     """A kernel compiled for one world size launched in a job of another."""
 

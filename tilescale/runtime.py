@@ -16,6 +16,7 @@ import atexit
 import ctypes
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -257,7 +258,29 @@ def _register_exit() -> None:
     global _exit_registered
     if not _exit_registered:
         atexit.register(_finalize_at_exit)
+        prev = sys.excepthook
+
+        def excepthook(*exc):  # an uncaught exception ends this rank, maybe alone: no collective teardown
+            prev(*exc)
+            abandon()
+
+        sys.excepthook = excepthook
         _exit_registered = True
+
+
+def abandon() -> None:
+    """Close the runtime without finalize()'s collective teardown (freeing symmetric memory, shutting
+    NVSHMEM down): for a rank that stops on an error, which the other ranks may never join in those
+    collectives. Frees nothing; the end of the process releases its GPU memory. finalize() then does
+    nothing."""
+    global _RT
+    rt = _RT
+    if rt is None or rt.closed:
+        return
+    if rt.watchdog is not None:
+        rt.watchdog.stop.set()
+    rt.closed = True
+    _RT = None
 
 
 def _finalize_at_exit() -> None:

@@ -37,8 +37,13 @@ def example_main(run: Callable, build: Callable[[int], None]) -> None:
     info = tilescale.init_distributed()
     try:
         run(info)
-    finally:
-        tilescale.finalize()
+    except BaseException as e:
+        if isinstance(e, SystemExit) and e.code in (None, 0):
+            tilescale.finalize()
+        else:  # this rank may fail alone: a collective teardown would wait for the others forever
+            tilescale.runtime.abandon()
+        raise
+    tilescale.finalize()
 
 
 def free_port() -> int:

@@ -2,7 +2,11 @@
 
 Every artefact tilescale builds itself (the runtime shim, the stub) goes through :func:`build_once`:
 one process builds under an exclusive file lock, writes to a temporary name and renames it into
-place; every other process waits on the lock and then finds the finished file.
+place; every other process waits on the lock and then finds the finished file. Next to each artefact
+a record ``<name>.sha256`` (size and SHA-256, written after the build) lets every later use verify the
+file: a truncated, overwritten or half-published artefact is rebuilt, with a warning, instead of being
+loaded. (Kernels compiled through tilelang live in tilelang's own cache, which keeps a manifest of
+sizes and hashes per entry and recompiles an entry that fails it: tests/test_cache.py covers both.)
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import contextlib
 import ctypes.util
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -20,6 +25,8 @@ from typing import Callable, Iterator
 
 from .env import settings
 from .errors import TileScaleError
+
+log = logging.getLogger("tilescale")
 
 
 def nvcc_path() -> str:
@@ -71,22 +78,86 @@ def file_lock(path: Path, timeout_s: float = 600.0) -> Iterator[None]:
         os.close(fd)
 
 
+RECORD_SUFFIX = ".sha256"
+
+
+def record_path(target: Path) -> Path:
+    """The record of `target`: its size and SHA-256, written once `target` is built."""
+    return target.with_name(target.name + RECORD_SUFFIX)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def why_invalid(target: Path) -> str | None:
+    """None if `target` exists and matches its record; else what is wrong ("missing" if not built)."""
+    try:
+        actual = target.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    try:
+        fields = record_path(target).read_text().split()
+    except FileNotFoundError:
+        return "it has no record of a finished build (a build that was interrupted, or an older tilescale)"
+    except OSError as e:
+        return f"its record is unreadable ({e})"
+    if len(fields) != 2 or not fields[0].isdigit():
+        return f"its record {record_path(target).name} is corrupt"
+    size, digest = int(fields[0]), fields[1]
+    if actual != size:
+        return f"its size is {actual} bytes, the build wrote {size} (truncated or overwritten)"
+    if _sha256(target) != digest:
+        return "its content differs from what the build wrote (corrupted or overwritten)"
+    return None
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Return `target`, building it with ``build(tmp_path)`` first if it does not exist yet.
-    Safe against concurrent callers (one builds, the others wait) and against torn files."""
-    if target.exists():
+    """Return `target`, building it with ``build(tmp_path)`` first if it does not exist yet or fails its
+    record (see the module docstring). Safe against concurrent callers (one builds, the others wait)
+    and against torn files: the artefact, then its record, are renamed into place after the build."""
+    if why_invalid(target) is None:
         return target
     with file_lock(target.with_name(target.name + ".lock")):
-        if target.exists():
+        why = why_invalid(target)  # another process may have built it while this one waited
+        if why is None:
             return target
+        if why != "missing":
+            log.warning("tilescale: cached %s is invalid: %s; rebuilding it", target, why)
         fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
         os.close(fd)
+        rec_tmp = Path(tmp + RECORD_SUFFIX)
         try:
             build(Path(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            _write_durably(rec_tmp, f"{os.path.getsize(tmp)} {_sha256(Path(tmp))}\n".encode())
             os.replace(tmp, target)
+            os.replace(rec_tmp, record_path(target))
+            with contextlib.suppress(OSError):
+                dfd = os.open(target.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for t in (tmp, rec_tmp):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(t)
+        why = why_invalid(target)
+        if why is not None:
+            raise TileScaleError(f"building {target} did not give a valid file: {why}")
     return target
 
 

@@ -50,6 +50,28 @@ def run(info):
     y = tilescale.symm.empty((16,), dtype=torch.float32)
     tilescale.symm.free(y)
     expect(r, "freeing twice", errors.NotSymmetricError, lambda: tilescale.symm.free(y), "freed twice")
+    # a collective called with different shapes / dtypes on different ranks (checked before allocating)
+    expect(r, "AllGather shape differs across ranks", errors.CollectiveMismatchError,
+           lambda: tilescale.ops.AllGather((256, 64 + 64 * r), torch.bfloat16), "AllGather", "shape",
+           "rank 0: (256, 64)", "rank 1: (256, 128)")
+    expect(r, "AllGather dtype differs across ranks", errors.CollectiveMismatchError,
+           lambda: tilescale.ops.AllGather((256, 64), torch.float32 if r else torch.bfloat16), "AllGather",
+           "dtype", "torch.bfloat16", "torch.float32")
+    expect(r, "AGGemm shape differs across ranks", errors.CollectiveMismatchError,
+           lambda: tilescale.ops.AGGemm(256 * W, 512, 256 * (1 + r), torch.bfloat16), "AGGemm", "argument(s) K",
+           "rank 0: 256", "rank 1: 512")
+    expect(r, "AGGemm dtype differs across ranks", errors.CollectiveMismatchError,
+           lambda: tilescale.ops.AGGemm(256 * W, 512, 256, torch.float16 if r else torch.bfloat16), "AGGemm",
+           "dtype", "torch.float16", "torch.bfloat16")
+    # a kernel compiled for another GPU architecture: refused before it is built or loaded
+    from tilescale.compiler import ArchMismatchError, code_runs_on, device_arch
+
+    cap = torch.cuda.get_device_capability()
+    for other in [a for a in ("sm_80", "sm_100a", "sm_90a") if not code_runs_on(a, cap)][:2]:
+        expect(r, f"kernel built for {other}", ArchMismatchError,
+               lambda: tilescale.compile(put_kernel.get_tir(1024, W), target={"kind": "cuda", "arch": other},
+                                         world_size=W),
+               other, f"{cap[0]}.{cap[1]}", device_arch(cap), "target=", "TILESCALE_TARGET")
     k(src, x)  # a good call still works after all of the above
     tilescale.synchronize()
     print(f"[rank {r}] OK: bad-input matrix", flush=True)

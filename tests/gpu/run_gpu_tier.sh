@@ -2,6 +2,7 @@
 # The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                       # pytest -m "gpu or multigpu"
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
+#   ... collectives,profile,soak,gemm_configs (SOAK_ITERS=N shortens the soak)
 # (PYTEST_K=expr narrows the tests.)
 # Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
 set -u
@@ -34,7 +35,15 @@ for what in ${WHAT//,/ }; do
     put_bw) step bench_put_bw 150 env GPUS="$NG" bash launch.sh benchmarks/bench_put_bw.py --json "$OUTD/put_bw.json" ;;
     fused) step bench_fused 420 env GPUS="$NG" bash launch.sh benchmarks/bench_fused.py --op both \
              --json "$OUTD/fused.json" ;;
-    *) echo "unknown step $what (tests, build_modes, allgather, put_bw, fused)"; exit 2 ;;
+    collectives) step bench_collectives 200 env GPUS="$NG" bash launch.sh benchmarks/bench_collectives.py \
+             --json "$OUTD/collectives.json" --write-tuning "$OUTD/tuning_w$NG.json" ;;
+    profile) step profile_ag_gemm 240 env GPUS="$NG" bash launch.sh benchmarks/profile_ag_gemm.py --out "$OUTD/profile" \
+             --json "$OUTD/profile_ag_gemm.json" ;;
+    soak) step soak_ag_gemm 240 env GPUS="$NG" bash launch.sh benchmarks/soak_ag_gemm.py --json "$OUTD/soak.json" \
+             ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ;;
+    gemm_configs) step bench_gemm_configs 300 env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py \
+             --json "$OUTD/gemm_configs.json" ;;
+    *) echo "unknown step $what (tests, build_modes, allgather, put_bw, fused, collectives, profile, soak, gemm_configs)"; exit 2 ;;
   esac
 done
 echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -4,12 +4,15 @@
 
 Everything of ``tilelang.language`` is here unchanged (``T.Kernel``, ``T.copy``, ``T.gemm``, ...);
 the distributed ops (``T.put_block``, ``T.wait_until``, ``T.remote``, ...) live in one module,
-:mod:`tilescale.language.distributed`.
+:mod:`tilescale.language.distributed`; the profiler's in-kernel timestamps (``T.timestamp``,
+``T.smid``) in :mod:`tilescale.language.profile`.
 """
 import tilelang.language as _tl
 from tilelang.language import *  # noqa: F401,F403
 
 from . import distributed  # noqa: F401
 from .distributed import *  # noqa: F401,F403
+from . import profile  # noqa: F401
+from .profile import *  # noqa: F401,F403
 
 globals().update({k: v for k, v in vars(_tl).items() if not k.startswith("__") and k not in globals()})

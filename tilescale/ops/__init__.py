@@ -7,13 +7,24 @@ op                                  torch equivalent
 ``all_gather_into_tensor(out, x)``  ``dist.all_gather_into_tensor(out, x)``
 ``ag_gemm(a_local, b)``             ``all_gather(a_local) @ b``, communication overlapped with the GEMM
 ``gemm_rs(x, w)``                   ``reduce_scatter(x @ w)``, reduction overlapped with the GEMM
+``all_reduce(t)``                   ``dist.all_reduce(t)`` (sum; one-shot below ``ONE_SHOT_MAX_BYTES``, else two-shot)
+``reduce_scatter_tensor(o, i)``     ``dist.reduce_scatter_tensor(o, i)`` (sum)
+``all_to_all_single(o, i, os, is)`` ``dist.all_to_all_single(o, i, os, is)`` (equal or variable splits)
+``broadcast(t, src)``               ``dist.broadcast(t, src)``
 ==================================  ===============================================================
 
-The classes (``AllGather``, ``AGGemm``, ``GemmRS``) own their symmetric buffers: build them once per
+The classes (``AllGather``, ``AGGemm``, ``GemmRS``, ``AllReduce``, ``ReduceScatter``, ``AllToAll``,
+``Broadcast``) own their symmetric buffers: build them once per
 shape (collective) and call them; the functions cache one per shape.
 """
 from .ag_gemm import AGGemm, ag_gemm
 from .allgather import AllGather, all_gather, all_gather_into_tensor
+from .all_to_all import AllToAll, all_to_all_single
+from .allreduce import ONE_SHOT_MAX_BYTES, AllReduce, all_reduce
+from .broadcast import Broadcast, broadcast
 from .gemm_rs import GemmRS, gemm_rs
+from .reduce_scatter import ReduceScatter, reduce_scatter_tensor
 
-__all__ = ["AllGather", "all_gather", "all_gather_into_tensor", "AGGemm", "ag_gemm", "GemmRS", "gemm_rs"]
+__all__ = ["AllGather", "all_gather", "all_gather_into_tensor", "AGGemm", "ag_gemm", "GemmRS", "gemm_rs",
+           "AllReduce", "all_reduce", "ONE_SHOT_MAX_BYTES", "ReduceScatter", "reduce_scatter_tensor",
+           "AllToAll", "all_to_all_single", "Broadcast", "broadcast"]

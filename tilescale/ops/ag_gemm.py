@@ -26,33 +26,52 @@ import functools
 import tilescale
 import tilescale.language as T
 
-from .gemm import GemmConfig, gemm_config
+from ..profiler import session as profiling
+from ..profiler.device_timeline import TILE_WORDS
+from .gemm import GemmConfig, check, gemm_config
 
 
 @tilescale.jit
 def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
-                   block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256):
-    """The GEMM of :class:`AGGemm`: `C = A_full @ B`, tiles of other ranks' rows wait for their chunk."""
+                   block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
+                   swizzle: int = 10, profile: bool = False):
+    """The GEMM of :class:`AGGemm`: `C = A_full @ B`, tiles of other ranks' rows wait for their chunk.
+
+    `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per tile of the grid) where thread 0 of
+    each tile writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
+    and end timestamps, SM, source rank, chunk, row and column tile); `profile=False` generates the same
+    code as a kernel without the option (tests/test_profiler.py checks it against a snapshot)."""
     W = world_size
     tiles_m = M // block_m
     tiles_per_rank = tiles_m // W
     rows_per_chunk = (M // W) // chunks
+    tiles_n = (N + block_n - 1) // block_n
+    Prof = T.Tensor((tiles_m * tiles_n * TILE_WORDS,), "uint64") if profile else None
 
     @T.prim_func
     def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64):
+                arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64, prof: Prof):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
             As = T.alloc_shared((block_m, block_k), dtype)
             Bs = T.alloc_shared((block_k, block_n), dtype)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
             Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=10)                   # L2 reuse across neighbouring tiles
+            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)   # L2 reuse across neighbouring tiles
             me = T.get_rank()
             rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
             src = rb // tiles_per_rank
             chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
+            if profile:
+                slot = (by * tiles_n + bx) * TILE_WORDS
+                if T.get_thread_binding() == 0:
+                    prof[slot] = T.timestamp()
             if src != me:
                 T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=epoch)
+            if profile:
+                if T.get_thread_binding() == 0:
+                    prof[slot + 1] = T.timestamp()
+                    for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
+                        prof[slot + 3 + i] = T.cast(v, "uint64")
             T.clear(Cl)
             for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
                 T.copy(A[rb * block_m, ko * block_k], As)
@@ -60,6 +79,9 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
                 T.gemm(As, Bs, Cl)
             T.copy(Cl, Cs)
             T.copy(Cs, C[rb * block_m, bx * block_n])
+            if profile:
+                if T.get_thread_binding() == 0:
+                    prof[slot + 2] = T.timestamp()
 
     return ag_gemm
 
@@ -67,29 +89,40 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
 def kernel_args(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
                 config: GemmConfig | None = None) -> tuple:
     """Arguments of :func:`ag_gemm_kernel` for this problem (what :class:`AGGemm` compiles)."""
-    cfg = config or gemm_config(M, N, K)
+    cfg = config or gemm_config(M, N, K, world_size=world_size, op="ag_gemm")
     if M % (world_size * cfg.block_m):
         raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
+    why = check(cfg, M, N, K, world_size=world_size, op="ag_gemm")
+    if why:
+        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
     while tiles_per_rank % chunks:
         chunks -= 1
-    return (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads)
+    return (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+            cfg.swizzle)
 
 
 class AGGemm:
     """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
 
     `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
-    `out=` is given). The gathered A of the last call stays in ``op.gathered()``.
+    `out=` is given). The gathered A of the last call stays in ``op.gathered()``. `profile` (default
+    TILESCALE_PROFILE_DEVICE) also builds the kernel with in-kernel timestamps, used while a
+    tilescale.profiler session records WAIT/TILE events.
     """
 
-    def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None):
+    def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
+                 profile: bool | None = None):
         import torch
 
         from .. import runtime, symm
+        from ..env import settings
+        from .consistency import require_same_on_all_ranks
 
         rt = runtime.current()
+        profile = settings.profile_device if profile is None else bool(profile)
+        require_same_on_all_ranks("AGGemm", M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile)
         self.rt = rt
         W = self.world_size = rt.info.world_size
         self.rank = rt.info.rank
@@ -105,6 +138,8 @@ class AGGemm:
         self._peers = [[symm.peer_tensor(a, p) if p != self.rank else a for p in range(W)] for a in self.a_full]
         self.kernel = ag_gemm_kernel(*self.args)
         self.kernel.prepare()
+        self.kernel_prof = ag_gemm_kernel(*self.args, profile=True).prepare() if profile else None
+        self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
 
     def gathered(self):
         return self.a_full[self.epoch % 2]
@@ -125,6 +160,7 @@ class AGGemm:
             raise ValueError(f"a_local, b: got {tuple(a_local.shape)}, {tuple(b.shape)}; expected "
                              f"({self.rows}, {self.K}), ({self.K}, {self.N})")
         self.epoch += 1
+        rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K) if profiling.current is not None else None
         e, p, W, r = self.epoch, self.epoch % 2, self.world_size, self.rank
         a_full = self.a_full[p]
         main = torch.cuda.current_stream()
@@ -142,13 +178,21 @@ class AGGemm:
             s = self.streams[j - 1]
             s.wait_event(evb)
             with torch.cuda.stream(s):
+                if rec is not None:
+                    rec.copies_begin(s, src)
                 lo = src * self.rows
                 for ch in range(self.chunks):
                     rows = slice(lo + ch * step, lo + (ch + 1) * step)
                     a_full[rows].copy_(self._peers[p][src][rows], non_blocking=True)
                     shim.ts_stream_write_u64(ctypes.c_void_p(s.cuda_stream),
                                              ctypes.c_void_p(self.arrived[src * self.chunks + ch:].data_ptr()), e)
-        self.kernel.launch(a_full, b, c, self.arrived, e)
+                    if rec is not None:
+                        rec.copy_done(s, src, ch, a_full[rows].nbytes)
+        if rec is None:
+            self.kernel.launch(a_full, b, c, self.arrived, e)
+        else:  # LAUNCH (+ KERNEL, and WAIT/TILE from the instrumented kernel) events, then the call ends
+            rec.launcher(self.kernel, instrumented=self.kernel_prof, tiles=self.tiles, end=True)(a_full, b, c,
+                                                                                                self.arrived, e)
         for s in self.streams[:W - 1]:
             main.wait_stream(s)
         return c

@@ -1,82 +1,175 @@
-"""AllGather of a row-sharded tensor over NVLink, written in tilescale (push).
+"""AllGather of a row-sharded tensor over NVLink, written in tilescale (one-shot push, double-buffered).
 
 torch equivalent::
 
     out = torch.empty(world_size * x.shape[0], *x.shape[1:])
     torch.distributed.all_gather_into_tensor(out, x)
 
-Signal protocol of one call (epoch e = 1, 2, ...; every rank runs one kernel of
-``blocks_per_peer x world_size`` blocks, all co-resident):
+Buffers (symmetric, allocated once per op): two output slots ``out[0]``, ``out[1]`` of (W, n) elements
+and two rows of arrival counters ``arrived[0]``, ``arrived[1]`` of W words. Call number e = 1, 2, ...
+of an op uses slot s = (e - 1) % 2; r = (e + 1) // 2 is how many calls have used slot s, this one
+included. Every rank runs one kernel of ``blocks_per_peer x W`` blocks; there is no handshake before
+the data moves.
 
-1. block (b, j) serves peer p = (rank + j) % W (j = 0 is this rank's own copy); it tells p that this
-   rank has entered epoch e: ``ready[rank] = e`` on p (release, system scope);
-2. it waits until p has entered epoch e too (``ready[p] >= e`` here): p no longer reads the output
-   of the previous call, so it may be overwritten;
-3. it copies chunk b of the local shard into ``out[rank]`` on p (vector stores through the NVLink
-   mapping), fences, and adds 1 to ``arrived[rank]`` on p;
-4. blocks (b < W, j = 0) wait until ``arrived[b] >= e * blocks_per_peer``: when the kernel ends, every
-   shard has arrived here.
+Signal protocol of call e:
+
+1. block (b, j) copies chunk b of the local shard (16-byte aligned chunks, 16-byte vector stores through
+   the NVLink mapping) into ``out[s][rank]`` on peer p = (rank + j) % W (j = 0: this rank's own slot),
+   fences at system scope, then adds 1 to ``arrived[s][rank]`` on p;
+2. the block numbered L = j * blocks_per_peer + b, for each L < W, waits until
+   ``arrived[s][L] >= r * blocks_per_peer`` (acquire, system scope): the kernel ends when every shard
+   of call e has arrived here.
+
+Why no handshake is needed (the calls of one op are made on one stream on every rank, as for NCCL):
+
+3. my slot s is written (by peers, and by my own j = 0 blocks) only in calls e, e + 2, e + 4, ...: call
+   e + 1 uses the other slot;
+4. a peer p runs its kernel of call e + 2 only after its kernel of call e + 1 has ended (stream order);
+   that one ended only after one of its blocks counted all chunks of my shard of call e + 1 (step 2);
+   I push those from my kernel of call e + 1, which starts only after all the work I enqueued before it
+   (stream order). So every read of call e's output that I enqueue before my next call is complete
+   before any peer overwrites it (my own blocks write it in call e + 2, after it in stream order);
+5. the same chain keeps the counters exact: increments of ``arrived[s]`` from a peer's call e + 2 come
+   after my kernel of call e + 1 has started, hence after my kernel of call e has ended, so the wait of
+   call e never counts them; the increments of call e - 2 all arrived before my kernel of call e - 2
+   ended. Buffers and counters are zero on every rank before any call (``symm.zeros`` ends with a barrier).
+
+tilelang launches kernels with programmatic dependent launch allowed: a kernel may start once every
+block of the kernel before it has exited (not waiting for the memory flush). That keeps steps 4 and 5:
+an exited block has finished its reads and its waits (a kernel that triggers its dependents early,
+``T.pdl_trigger``, before reading our output, would not: don't do that between two calls).
+
+What the caller sees: ``ag(x)`` returns the slot this call wrote; it holds the result for everything
+enqueued on the stream before the next call of this op (use it, or copy it, before calling again: the
+next call leaves it alone, but peers may overwrite it in the call after next as soon as the next call
+has started). ``ag(x, out=t)`` copies the result into `t` on the stream right after the kernel, so `t`
+stays valid for good. Calls must not be captured in a CUDA graph (r changes every call).
 """
+import ctypes
 import functools
 import math
+import re
 
 import tilescale
 import tilescale.language as T
+from tilelang import tvm
+
+from ..profiler import session as profiling
+from .consistency import require_same_on_all_ranks
+
+SMS_H100 = 132  # streaming multiprocessors of an H100 / H200 (SXM)
 
 
-def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = 132) -> int:
-    """Blocks per peer: enough for bandwidth on large messages, few for latency on small ones,
-    and at most one wave (all blocks must be co-resident)."""
-    if nbytes_per_rank <= 64 << 10:
-        want = 1
-    elif nbytes_per_rank <= 1 << 20:
-        want = 4
-    elif nbytes_per_rank <= 16 << 20:
-        want = 16
-    elif nbytes_per_rank <= 64 << 20:
-        want = 32
-    else:
-        want = 64
-    want = max(want, world_size)  # blocks (b < W, j = 0) do the final waits
-    return max(world_size, min(want, max(1, sms // world_size)))
+def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = SMS_H100) -> int:
+    """Blocks per peer: about 64 KiB per block for small and medium messages (enough blocks in flight
+    to fill NVLink, each block short), 64 per peer for large ones; at least 2, and at most one block per
+    SM in all (one wave). Any count is correct (only W blocks wait, and no block waits for a block of its
+    own kernel); this is for speed."""
+    want = max(2, 1 << max(0, math.ceil(math.log2(max(1, nbytes_per_rank) / (64 << 10)))))
+    want = min(want, 64)
+    return max(1, min(want, max(1, sms // world_size)))
 
 
 @tilescale.jit
 def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat16", threads: int = 512):
-    """Kernel of :class:`AllGather`; the shard size `n` (elements, divisible by blocks_per_peer) is a
-    run-time argument, so one build serves every message size."""
+    """Kernel of :class:`AllGather` (one call, one slot): `x` (n elements) goes to ``out[rank]`` on every
+    rank. `n` is a run-time argument, so one build serves every message size; chunks are whole 16-byte
+    vectors (the last block takes the remainder, possibly nothing)."""
     n = T.dynamic("n")
-    chunk = n // blocks_per_peer
+    W, bpp = world_size, blocks_per_peer
+    vec = 16 // (tvm.DataType(dtype).bits // 8)  # elements per 16-byte vector
+    chunk = T.ceildiv(T.ceildiv(n, bpp), vec) * vec
 
     @T.prim_func
-    def allgather(x: T.Tensor((n,), dtype), out: T.Tensor((world_size, n), dtype),
-                  ready: T.Tensor((world_size,), "uint64"), arrived: T.Tensor((world_size,), "uint64"),
-                  epoch: T.uint64):
-        with T.Kernel(blocks_per_peer, world_size, threads=threads) as (b, j):
+    def allgather(x: T.Tensor((n,), dtype), out: T.Tensor((W, n), dtype), arrived: T.Tensor((W,), "uint64"),
+                  round_no: T.uint64):
+        with T.Kernel(bpp, W, threads=threads) as (b, j):
             me = T.get_rank()
-            peer = (me + j) % world_size
-            tx = T.get_thread_binding()
-            if tx == 0:
-                T.st(ready[me], epoch, scope="sys", sem="release", dst_pe=peer)
-                T.wait_until(ready[peer], cmp="ge", value=epoch)
-            T.sync_threads()
-            T.put_signal_block(x[b * chunk:(b + 1) * chunk], out[me, b * chunk:(b + 1) * chunk], arrived[me],
-                               value=1, sig_op="add", dst_pe=peer)
-            if j == 0:
-                if b < world_size:
-                    if tx == 0:
-                        T.wait_until(arrived[b], cmp="ge", value=epoch * blocks_per_peer)
-                    T.sync_threads()
+            peer = (me + j) % W
+            size = T.max(T.min(chunk, n - b * chunk), 0)
+            lo = T.min(b * chunk, n - 1)  # in bounds even when size is 0 (else tilelang would skip the signal)
+            T.put_signal_block(x[lo], out[me, lo], arrived[me], size=size, value=1, sig_op="add", dst_pe=peer)
+            L = j * bpp + b
+            if L < W:
+                if T.get_thread_binding() == 0:
+                    T.wait_until(arrived[L], cmp="ge", value=round_no * bpp)
+                T.sync_threads()
 
     return allgather
 
 
-class AllGather:
-    """AllGather of `(rows, *cols)` shards of `dtype` into a symmetric `(W * rows, *cols)` output.
+# ----------------------------------------------------------------------------------- launch path
+_C_TYPES = {"uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64, "int": ctypes.c_int, "int32_t": ctypes.c_int32}
 
-    Collective to construct (allocates symmetric buffers). ``ag(x)`` returns the gathered output, which
-    lives in this object's symmetric buffer and is overwritten by the next call; ``ag(x, out=t)`` writes
-    into `t` instead (a copy unless `t` is this object's buffer).
+
+def call_signature(host_source: str) -> list[tuple[str, str]] | None:
+    """(C type, name) of each parameter of the host entry point ``call`` in a tilelang host wrapper, or
+    None when there is no such function."""
+    m = re.search(r"\bint\s+call\s*\(([^)]*)\)", host_source)
+    if m is None:
+        return None
+    params = []
+    for p in m.group(1).split(","):
+        p = p.split("=")[0].replace("__restrict__", " ").strip()
+        if not p:
+            continue
+        typ, _, name = p.rpartition(" ") if "*" not in p else p.rpartition("*")
+        params.append(((typ.strip() + ("*" if "*" in p else "")).strip(), name.strip()))
+    return params
+
+
+def argtypes_for(signature, names) -> list | None:
+    """ctypes argument types for `signature` (from :func:`call_signature`) if its parameters are exactly
+    `names` followed by the stream, and each type is a pointer or a known integer; else None."""
+    if signature is None or [n for _, n in signature] != [*names, "stream"]:
+        return None
+    out = []
+    for typ, _ in signature:
+        if typ.endswith("*") or typ == "cudaStream_t":
+            out.append(ctypes.c_void_p)
+        elif typ in _C_TYPES:
+            out.append(_C_TYPES[typ])
+        else:
+            return None
+    return out
+
+
+def direct_entry(kernel, names):
+    """The C entry point of a compiled kernel's library, callable with raw pointers and ints (one ctypes
+    call instead of tilelang's generic per-argument handling, which costs microseconds per launch), when
+    its signature is `names` + stream; else None (the caller then launches through ``kernel.launch``)."""
+    try:
+        src = kernel.kernel.get_host_source()
+        lib = kernel.library
+    except Exception:  # noqa: BLE001
+        return None
+    types = argtypes_for(call_signature(src or ""), names)
+    if types is None or not isinstance(lib, ctypes.CDLL):
+        return None
+    fn = lib["call"]  # a new function object: tilelang's own `lib.call` keeps its settings
+    fn.argtypes, fn.restype = types, ctypes.c_int
+    err = lib["get_last_error"]
+    err.argtypes, err.restype = [], ctypes.c_char_p
+    return fn, err
+
+
+def _raw_stream_getter(device_index: int):
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(device_index)
+    return lambda: torch.cuda.current_stream().cuda_stream
+
+
+class AllGather:
+    """AllGather of `(rows, *cols)` shards of `dtype` into a `(W * rows, *cols)` output.
+
+    Collective to construct (allocates symmetric buffers); calls must be made in the same order on every
+    rank, on one stream. ``ag(x)`` returns the output slot this call wrote (see the module docstring: valid
+    for work enqueued before the next call); ``ag(x, out=t)`` also copies it into `t` (no copy when `t` is
+    that slot). ``ag.out`` is the slot the last call wrote, ``ag.next_out`` the one the next call writes,
+    ``ag.buffers`` both.
     """
 
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512):
@@ -85,43 +178,81 @@ class AllGather:
         from .. import runtime, symm
 
         rt = runtime.current()
+        # first, and with the raw arguments: a rank whose arguments are also invalid must not raise alone
+        require_same_on_all_ranks("AllGather", shape=tuple(shape), dtype=dtype, blocks_per_peer=blocks_per_peer,
+                                  threads=threads)
         self.world_size = W = rt.info.world_size
         self.rank = rt.info.rank
         self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
         self.n = n = math.prod(self.shape)
+        if not self.shape or n < 1:
+            raise ValueError(f"shape: got {self.shape}, expected a non-empty shard shape (rows, *cols)")
+        if n >= 1 << 31:
+            raise ValueError(f"shape: got {self.shape} ({n} elements), expected fewer than 2**31 elements per shard")
+        if blocks_per_peer is not None and (isinstance(blocks_per_peer, bool) or not isinstance(blocks_per_peer, int)
+                                            or blocks_per_peer < 1):
+            raise ValueError(f"blocks_per_peer: got {blocks_per_peer!r}, expected a positive int (or None: by size)")
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32:
+            raise ValueError(f"threads: got {threads!r}, expected a multiple of 32 in [32, 1024]")
         esize = torch.empty((), dtype=dtype).element_size()
-        bpp = blocks_per_peer or default_blocks_per_peer(n * esize, W)
-        while n % bpp:  # chunks must tile the shard
-            bpp -= 1
-        self.blocks_per_peer = bpp
-        self.out = symm.empty((W * self.shape[0], *self.shape[1:]), dtype=dtype)
-        self.ready = symm.zeros((W,), dtype=torch.uint64)
-        self.arrived = symm.zeros((W,), dtype=torch.uint64)
-        self.epoch = 0
+        self.blocks_per_peer = blocks_per_peer or default_blocks_per_peer(n * esize, W)
+        self.threads = threads
+        self._slots = symm.zeros((2, W * self.shape[0], *self.shape[1:]), dtype=dtype)
+        self.buffers = (self._slots[0], self._slots[1])
+        self._out2d = [b.view(W, n) for b in self.buffers]
+        self.arrived = symm.zeros((2, W), dtype=torch.uint64)
+        self.calls = 0
         tl_dtype = str(dtype).replace("torch.", "")
-        self.kernel = allgather_kernel(W, bpp, tl_dtype, threads)
+        self.kernel = allgather_kernel(W, self.blocks_per_peer, tl_dtype, threads)
         self.kernel.prepare()
-        self._out2d = self.out.view(W, n)
+        self._direct = direct_entry(self.kernel, ("x", "out", "arrived", "round_no", "n"))
+        self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
+        self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived)]
+        self._stream = _raw_stream_getter(rt.device.index if rt.device.index is not None else torch.cuda.current_device())
+
+    @property
+    def out(self):
+        """The output slot of the last call (before the first call: the slot the first call writes)."""
+        return self.buffers[(max(self.calls, 1) - 1) % 2]
+
+    @property
+    def next_out(self):
+        """The output slot the next call writes."""
+        return self.buffers[self.calls % 2]
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
         from .. import symm
 
-        for t in (self.out, self.ready, self.arrived,):
+        for t in (self._slots, self.arrived):
             symm.free(t)
 
     def __call__(self, x, out=None):
         if tuple(x.shape) != self.shape or x.dtype != self.dtype:
             raise ValueError(f"x: got {tuple(x.shape)} {x.dtype}, expected {self.shape} {self.dtype} "
                              "(the shard shape this AllGather was built for)")
-        if not x.is_contiguous():
-            x = x.contiguous()
-        self.epoch += 1
-        self.kernel.launch(x.view(-1), self._out2d, self.ready, self.arrived, self.epoch)
-        if out is None or out.data_ptr() == self.out.data_ptr():
-            return self.out
-        out.copy_(self.out)
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
+        s = self.calls % 2
+        self.calls += 1
+        r = (self.calls + 1) // 2
+        rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes) if profiling.current is not None else None
+        if self._direct is not None:
+            fn, err = self._direct
+            o, a = self._ptrs[s]
+            if fn(x.data_ptr(), o, a, r, self.n, self._stream()) != 0:
+                raise RuntimeError(f"allgather kernel launch failed: {err().decode(errors='replace')}")
+        else:
+            self.kernel.launch(x.view(-1), self._out2d[s], self.arrived[s], r)
+        if rec is not None:  # tilescale.profiler: the call and its launch end here
+            rec.end()
+        result = self.buffers[s]
+        if out is None or out.data_ptr() == result.data_ptr():
+            return result
+        if out.shape != result.shape or out.dtype != result.dtype:  # after the launch: peers are not left waiting
+            raise ValueError(f"out: got {tuple(out.shape)} {out.dtype}, expected {tuple(result.shape)} {result.dtype}")
+        out.copy_(result)
         return out
 
 
@@ -138,12 +269,13 @@ def all_gather(x):
 
 
 def all_gather_into_tensor(output, input):  # noqa: A002  (torch's argument names)
-    """``torch.distributed.all_gather_into_tensor(output, input)``: zero-copy when `output` is the
-    buffer of the cached :class:`AllGather`, else one local copy into `output`."""
+    """``torch.distributed.all_gather_into_tensor(output, input)``: one local copy into `output`, or none
+    when `output` is the slot this call writes (``_cached(...).next_out``)."""
     from .. import runtime
 
     ag = _cached(tuple(input.shape), input.dtype, runtime.current().info.world_size)
-    if output.shape != ag.out.shape or output.dtype != ag.out.dtype:
-        raise ValueError(f"output: got {tuple(output.shape)} {output.dtype}, expected {tuple(ag.out.shape)} "
-                         f"{ag.out.dtype} (world_size x input rows)")
+    want = (ag.world_size * ag.shape[0], *ag.shape[1:])
+    if tuple(output.shape) != want or output.dtype != ag.dtype:
+        raise ValueError(f"output: got {tuple(output.shape)} {output.dtype}, expected {want} {ag.dtype} "
+                         f"(world_size x input rows)")
     return ag(input, out=output)

@@ -1,9 +1,28 @@
 """The Hopper GEMM tile loop shared by the fused kernels (TMA + wgmma, warp-specialised by tilelang).
 
-Tile configuration is chosen per shape by :func:`gemm_config`; the fused ops only change where rows come
-from (gathered, with a wait per chunk) and where results go (partials, with a completion count).
+The fused ops only change where rows come from (gathered, with a wait per chunk) and where results go
+(partials, with a completion count); the tile configuration is chosen per problem by :func:`gemm_config`:
+
+1. the tuning table ``gemm_tuning.json`` next to this file (written by
+   ``benchmarks/bench_gemm_configs.py --write-tuning``): per measured GEMM shape (and op), the configs
+   ranked by measured time; the first one that the op can run (:func:`check`) wins;
+2. for a shape it does not list: the entry of the same op with the same N and K and the nearest M;
+3. else (or when no listed config can run) :data:`DEFAULT`, 128x256x64, 3 stages, 256 threads:
+   681-695 TFLOP/s on H200 for bf16 8192^3.
+
+Shapes that are not multiples of the tile are fine for the GEMM itself (the grid rounds up, TMA clips the
+edges); the fused ops add their own constraints (:func:`check`).
 """
-from dataclasses import dataclass
+import functools
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+TUNING_FILE = Path(__file__).with_name("gemm_tuning.json")
+SMEM_LIMIT = 232448        # bytes of shared memory one block may use on H100 / H200 (227 KiB)
+OPS = ("ag_gemm", "gemm_rs")
 
 
 @dataclass(frozen=True)
@@ -12,10 +31,98 @@ class GemmConfig:
     block_n: int = 256
     block_k: int = 64
     stages: int = 3
-    threads: int = 256
+    threads: int = 256    # consumer threads (warpgroups of 128); tilelang adds one producer warpgroup
+    swizzle: int = 10     # panel width of T.use_swizzle (rows of tiles), 0 = tiles in launch order
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """Shared memory of the tile loop: `stages` A and B tiles; the C tile reuses them."""
+        return max(self.stages * (self.block_m * self.block_k + self.block_k * self.block_n),
+                   self.block_m * self.block_n) * elem_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmConfig":
+        names = {f.name for f in fields(cls)}
+        extra = set(d) - names
+        if extra:
+            raise ValueError(f"GemmConfig: unknown field(s) {sorted(extra)}, expected some of {sorted(names)}")
+        bad = {k: v for k, v in d.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+        if bad:
+            raise ValueError(f"GemmConfig: got {bad}, expected non-negative ints")
+        return cls(**d)
+
+    def short(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} t{self.threads}"
+                f"{' sw' + str(self.swizzle) if self.swizzle else ' nosw'}")
 
 
-def gemm_config(M: int, N: int, K: int) -> GemmConfig:
-    """128x256x64, 3 stages: 681-695 TFLOP/s on H200 for 8192^3 through tilelang. Shapes that are not
-    multiples of the tile are fine (the grid rounds up, TMA clips the edges)."""
-    return GemmConfig()
+DEFAULT = GemmConfig()
+
+
+def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
+          elem_bytes: int = 2) -> str | None:
+    """Why `cfg` cannot compute this (M, N, K) problem inside `op` ("ag_gemm", "gemm_rs" or None for the
+    plain GEMM), or None when it can. (M, N, K) is the GEMM as the op runs it on one rank: for gemm_rs, K is
+    the local K."""
+    if op is not None and op not in OPS:
+        raise ValueError(f"op: got {op!r}, expected one of {OPS} or None")
+    if min(cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages) < 1:
+        return f"tile sizes and stages must be positive ({cfg.short()})"
+    if cfg.threads < 128 or cfg.threads % 128:
+        return f"threads={cfg.threads}: expected whole warpgroups (a multiple of 128)"
+    if cfg.block_m % 64 or cfg.block_n % 8 or cfg.block_k % 16:
+        return "block_m must be a multiple of 64, block_n of 8 and block_k of 16 (wgmma shapes)"
+    if cfg.smem_bytes(elem_bytes) > SMEM_LIMIT:
+        return f"needs {cfg.smem_bytes(elem_bytes)} bytes of shared memory, more than {SMEM_LIMIT}"
+    if op is not None and M % (world_size * cfg.block_m):
+        return f"M={M} is not a multiple of world_size x block_m = {world_size} x {cfg.block_m}"
+    if op == "gemm_rs" and N % cfg.block_n:
+        return f"N={N} is not a multiple of block_n={cfg.block_n} (completion counts are per whole tile)"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int) -> tuple:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(data.get("entries"), list):
+        raise ValueError(f"{path}: not a GEMM tuning table (expected {{'format': 1, 'entries': [...]}})")
+    entries = []
+    for e in data["entries"]:
+        cfgs = tuple(GemmConfig.from_dict(c) for c in e["configs"])
+        entries.append((e.get("op"), int(e["M"]), int(e["N"]), int(e["K"]), cfgs))
+    return tuple(entries)
+
+
+def load_table(path=None) -> tuple:
+    """Entries (op, M, N, K, ranked configs) of a tuning table; () when the file does not exist."""
+    p = str(path or TUNING_FILE)
+    try:
+        mtime = os.stat(p).st_mtime_ns
+    except FileNotFoundError:
+        return ()
+    return _load(p, mtime)
+
+
+def _first_valid(cfgs, M, N, K, world_size, op):
+    return next((c for c in cfgs if check(c, M, N, K, world_size=world_size, op=op) is None), None)
+
+
+def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None, table=None) -> GemmConfig:
+    """The tile configuration for an (M, N, K) GEMM run by `op` on `world_size` ranks (see the module
+    docstring for the rule). `table`: a tuning-table path instead of the shipped one."""
+    entries = load_table(table)
+    same_op = [e for e in entries if e[0] in (op, None)] if op is not None else list(entries)
+    for e in sorted(same_op, key=lambda e: e[0] != op):      # exact shape, this op's entry first
+        if (e[1], e[2], e[3]) == (M, N, K):
+            c = _first_valid(e[4], M, N, K, world_size, op)
+            if c is not None:
+                return c
+    near = [e for e in same_op if (e[2], e[3]) == (N, K)]
+    for e in sorted(near, key=lambda e: (abs(math.log2(e[1]) - math.log2(max(M, 1))), e[0] != op)):
+        c = _first_valid(e[4], M, N, K, world_size, op)
+        if c is not None:
+            return c
+    return DEFAULT

@@ -27,12 +27,12 @@ import functools
 import tilescale
 import tilescale.language as T
 
-from .gemm import GemmConfig, gemm_config
+from .gemm import GemmConfig, check, gemm_config
 
 
 @tilescale.jit
 def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
-                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256):
+                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
     """The GEMM of :class:`GemmRS`: partial rows in the order their owners reduce them, with counts."""
     W = world_size
     tiles_m = M // block_m
@@ -46,7 +46,7 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
             Ws = T.alloc_shared((block_k, block_n), dtype)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
             Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=10)
+            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
             T.clear(Cl)
@@ -101,14 +101,18 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
 def kernel_args(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
                 config: GemmConfig | None = None) -> tuple[tuple, tuple]:
     """Arguments of (:func:`gemm_rs_gemm_kernel`, :func:`gemm_rs_reduce_kernel`) for this problem."""
-    cfg = config or gemm_config(M, N, K_local)
+    cfg = config or gemm_config(M, N, K_local, world_size=world_size, op="gemm_rs")
     if M % (world_size * cfg.block_m):
         raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
-    col_tile = 256 if N % 256 == 0 else 128
+    why = check(cfg, M, N, K_local, world_size=world_size, op="gemm_rs")
+    if why:
+        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
+    col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = cfg.threads * (N // cfg.block_n)
-    return ((M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads),
+    return ((M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+             cfg.swizzle),
             (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))
 
 
@@ -120,8 +124,11 @@ class GemmRS:
         import torch
 
         from .. import runtime, symm
+        from .consistency import require_same_on_all_ranks
 
         rt = runtime.current()
+        require_same_on_all_ranks("GemmRS", M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks,
+                                  config=config)
         W = self.world_size = rt.info.world_size
         self.rank = rt.info.rank
         tl_dtype = str(dtype).replace("torch.", "")

@@ -39,6 +39,27 @@ def allgather_jobs(world_size: int, dtype: str = "bfloat16") -> list:
     return [(allgather_kernel, (world_size, bpp, dtype)) for bpp in sorted(bpps)]
 
 
+def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132,
+                    ops=("all_reduce", "reduce_scatter", "all_to_all", "broadcast")) -> list:
+    """(jit function, args) of every kernel the collectives build for messages of `sizes` bytes (per rank;
+    ReduceScatter: of the full input): AllReduce one-shot and two-shot, ReduceScatter per dtype; AllToAll
+    and Broadcast move bytes (one build for all dtypes). Deduplicated."""
+    from . import all_to_all, allreduce, broadcast, reduce_scatter
+
+    jobs = []
+    for nb in sizes:
+        for dt in dtypes:
+            if "all_reduce" in ops:
+                jobs += [allreduce.kernel_for(a, nb, world_size, dt, sms) for a in ("one_shot", "two_shot")]
+            if "reduce_scatter" in ops:
+                jobs.append(reduce_scatter.kernel_for(nb, world_size, dt, sms))
+        if "all_to_all" in ops:
+            jobs.append(all_to_all.kernel_for(nb, world_size, sms))
+        if "broadcast" in ops:
+            jobs.append(broadcast.kernel_for(nb, world_size, sms))
+    return list({(id(fn), args): (fn, args) for fn, args in jobs}.values())
+
+
 def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:
     """Compile (and load) every job in a thread pool; returns the seconds it took."""
     t0 = time.time()

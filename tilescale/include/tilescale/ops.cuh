@@ -352,8 +352,11 @@ __device__ __forceinline__ bool cmp_holds(T v, int cmp, T x) {
 }
 
 // Records what the wait saw in the diagnostics record (mapped host memory) and stops the kernel.
-__device__ __noinline__ inline void wait_timed_out(const void* addr, int cmp, int bits, uint64_t expected,
-                                                   uint64_t observed, uint64_t elapsed, int site) {
+// Inlined and printf-free on purpose: a call (or printf) anywhere in a kernel makes ptxas serialise its wgmma
+// pipeline (C7510), which cost the AG+GEMM GEMM up to a quarter of its speed in debug mode. The host prints the
+// record (tilescale.diagnostics.describe).
+__device__ __forceinline__ void wait_timed_out(const void* addr, int cmp, int bits, uint64_t expected,
+                                               uint64_t observed, uint64_t elapsed, int site) {
   WaitDiag* d = g_wait_diag;
   const int rank = nvshmem_my_pe();
   const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -374,9 +377,6 @@ __device__ __noinline__ inline void wait_timed_out(const void* addr, int cmp, in
     v->flag = 1ull;
     __threadfence_system();
   }
-  printf("tilescale: rank %d block %d thread %d: wait #%d on %p timed out after %llu ns (expected cmp %d %llu, "
-         "observed %llu)\n", rank, block, thread, site, addr, (unsigned long long)elapsed,
-         cmp, (unsigned long long)expected, (unsigned long long)observed);
   __trap();
 }
 

@@ -2,3 +2,4 @@
 #pragma once
 #include <tilescale/module.cuh>
 #include <tilescale/ops.cuh>
+#include <tilescale/profile.cuh>

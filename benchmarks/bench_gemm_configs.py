@@ -1,0 +1,387 @@
+"""Tile configurations of the GEMM inside the fused kernels, per shape, on ONE GPU (no communication).
+
+    python benchmarks/bench_gemm_configs.py --json gemm_configs.json          # ~1-3 min on one H200
+    GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --json gemm_configs.json
+    python benchmarks/bench_gemm_configs.py --dry-run                         # candidates per shape, no GPU
+    python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
+    python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
+
+The kernel is the tile loop of tilescale/ops/ag_gemm.py and gemm_rs.py without waits or counts: TMA loads
+of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global (TMA
+store, as in AG+GEMM; plain vector stores by every thread, as in GEMM+RS: `epilogue`). M, N and K are
+run-time sizes, so one build per configuration serves every shape; all builds run in parallel threads.
+
+Shapes: the per-rank GEMMs of the fused-kernel baselines (DEVICE.md) at W = 2 and 4, bf16:
+AG+GEMM (M, K) x (K, N) with the full M (the same GEMM for every W; W only limits block_m), GEMM+RS
+(M, K/W) x (K/W, N). Each candidate is checked against cuBLAS (torch.matmul) once, then timed with CUDA
+events: warm-up, then `--reps` rounds that time every candidate of the shape in turn (round-robin, so
+clocks and heat hit all alike); the median round counts. L2 is not flushed (the same for every candidate
+and for cuBLAS). Prints one table row per (op, W, shape) and writes JSON with every timing and the best
+configuration per shape; --write-tuning turns that JSON into tilescale's tuning table (tilescale/ops/gemm.py).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import tilescale  # noqa: E402
+import tilescale.language as T  # noqa: E402
+from tilescale.ops.gemm import DEFAULT, GemmConfig, check  # noqa: E402
+
+SMS = 132
+AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
+             (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]       # (M, K, N), as bench_fused
+RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]       # (M, K, N), K the full K
+WORLD_SIZES = (2, 4)
+
+# Block shapes tried (swizzle 10 unless said otherwise). 128x256x64 s3 is the default; the others trade
+# tile size (waves, L2 reuse), pipeline depth and warpgroups per tile. Shared memory of each: GemmConfig.smem_bytes.
+BASE = [
+    GemmConfig(128, 256, 64, 3, 256),
+    GemmConfig(128, 256, 64, 4, 256),
+    GemmConfig(128, 256, 128, 2, 256),
+    GemmConfig(128, 128, 64, 4, 256),
+    GemmConfig(128, 128, 64, 5, 256),
+    GemmConfig(128, 128, 128, 3, 256),
+    GemmConfig(128, 192, 64, 4, 256),
+    GemmConfig(128, 192, 64, 4, 384),
+    GemmConfig(64, 256, 64, 4, 128),
+    GemmConfig(256, 128, 64, 3, 256),
+    GemmConfig(256, 128, 64, 4, 256),
+]
+SWIZZLE_OF = [GemmConfig(128, 256, 64, 3, 256), GemmConfig(256, 128, 64, 3, 256)]
+SWIZZLES = (0, 4, 16)
+
+
+def candidates(epilogue: str) -> list[GemmConfig]:
+    """Configurations built for one epilogue ("tma": AG+GEMM; "stores": GEMM+RS, whole tiles of N only)."""
+    out = list(BASE) + [GemmConfig(c.block_m, c.block_n, c.block_k, c.stages, c.threads, s)
+                        for c in SWIZZLE_OF for s in SWIZZLES]
+    if epilogue == "stores":  # GEMM+RS needs N % block_n == 0; every RS shape has N = 8192
+        out = [c for c in out if 8192 % c.block_n == 0]
+    return [c for c in out if check(c, 1 << 20, 1 << 20, 1 << 20) is None]
+
+
+def problems():
+    """[(op, W, (M, N, K) of one rank's GEMM)] in table order."""
+    out = []
+    for W in WORLD_SIZES:
+        out += [("ag_gemm", W, (M, N, K)) for M, K, N in AG_SHAPES]
+        out += [("gemm_rs", W, (M, N, K // W)) for M, K, N in RS_SHAPES]
+    return out
+
+
+def epilogue_of(op: str) -> str:
+    return "tma" if op == "ag_gemm" else "stores"
+
+
+def waves(cfg: GemmConfig, M: int, N: int) -> tuple[int, float]:
+    tiles = math.ceil(M / cfg.block_m) * math.ceil(N / cfg.block_n)
+    return tiles, tiles / (math.ceil(tiles / SMS) * SMS)
+
+
+@tilescale.jit
+def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, swizzle: int,
+                epilogue: str = "tma", dtype: str = "bfloat16"):
+    """C = A @ B with the fused kernels' tile loop; M, N, K are run-time sizes."""
+    M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
+            As = T.alloc_shared((block_m, block_k), dtype)
+            Bs = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            Cs = T.alloc_shared((block_m, block_n), dtype)
+            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
+            T.clear(Cl)
+            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
+                T.copy(A[by * block_m, ko * block_k], As)
+                T.copy(B[ko * block_k, bx * block_n], Bs)
+                T.gemm(As, Bs, Cl)
+            T.copy(Cl, Cs)
+            if epilogue == "tma":
+                T.copy(Cs, C[by * block_m, bx * block_n])
+            else:
+                T.copy(Cs, C[by * block_m, bx * block_n], disable_tma=True)
+
+    return gemm
+
+
+def kernel_key(cfg: GemmConfig, epilogue: str) -> tuple:
+    return (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle, epilogue)
+
+
+def all_builds() -> list[tuple]:
+    """Every (config, epilogue) to build: the union over the epilogues the shapes need."""
+    return [(c, e) for e in ("tma", "stores") for c in candidates(e)]
+
+
+def compile_all(builds, workers: int, build_only: bool):
+    """{kernel_key: kernel or None}, {kernel_key: error} -- all builds in parallel threads (tilelang's
+    lowering releases the GIL; nvcc runs as a subprocess)."""
+    tirs = [(c, e, gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds]   # elaborate in this thread
+    flags = []
+    if build_only:   # no driver here: link tilelang's -lcuda against tilescale's stub
+        from tilescale.toolchain import stub_libcuda_dir
+
+        stub = stub_libcuda_dir()
+        flags = [f"-L{stub}"] if stub is not None else []
+
+    def one(item):
+        c, e, pf = item
+        t0 = time.time()
+        try:
+            k = tilescale.build(pf, compile_flags=flags) if build_only else tilescale.compile(pf)
+            return kernel_key(c, e), k, None, time.time() - t0
+        except Exception as ex:  # noqa: BLE001  (a configuration tilelang or nvcc refuses: skipped, noted)
+            msg = " ".join(str(ex).split())
+            return kernel_key(c, e), None, f"{type(ex).__name__}: {msg[:300]}", time.time() - t0
+
+    kernels, errors = {}, {}
+    t0 = time.time()
+    with ThreadPoolExecutor(max(1, workers)) as ex:
+        for key, k, err, dt in ex.map(one, tirs):
+            kernels[key] = k
+            if err:
+                errors[key] = err
+            print(f"  built {key} in {dt:.0f} s{'' if err is None else ' -- FAILED: ' + err[:160]}", flush=True)
+    print(f"compiled {len(builds)} kernels in {time.time() - t0:.0f} s with {workers} threads, "
+          f"{len(errors)} failed", flush=True)
+    return kernels, errors
+
+
+def time_round(fn, iters: int) -> float:
+    """Microseconds per call over `iters` back-to-back calls between CUDA events."""
+    import torch
+
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / iters
+
+
+def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, float, dict]:
+    """(us per candidate key, cuBLAS us, notes) for one GEMM shape."""
+    import torch
+
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
+    A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
+    ref = torch.matmul(A, B)
+    C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    fns, notes = {"cublas": lambda: torch.matmul(A, B, out=C)}, {}
+    for key in cands:
+        k = kernels.get(key)
+        if k is None:
+            continue
+        C.fill_(float("nan"))
+        try:
+            k(A, B, C)
+            torch.cuda.synchronize()
+        except Exception as ex:  # noqa: BLE001
+            notes[key] = f"launch failed: {' '.join(str(ex).split())[:200]}"
+            continue
+        err = ((C.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        if not err < 1e-2:
+            notes[key] = f"wrong result (max rel err {err:.3g} vs cuBLAS)"
+            continue
+        fns[key] = (lambda k=k: k(A, B, C))
+    for fn in fns.values():   # warm-up
+        fn()
+    torch.cuda.synchronize()
+    t_one = time_round(fns["cublas"], 3)
+    iters = max(3, min(50, math.ceil(target_us / max(t_one, 1.0))))
+    rounds = {key: [] for key in fns}
+    for _ in range(reps):
+        for key, fn in fns.items():
+            rounds[key].append(time_round(fn, iters))
+    us = {key: statistics.median(v) for key, v in rounds.items()}
+    cublas = us.pop("cublas")
+    return us, cublas, notes
+
+
+def run(args) -> None:
+    import torch
+
+    builds = all_builds()
+    kernels, errors = compile_all(builds, args.workers, build_only=False)
+    gpu = torch.cuda.get_device_name()
+    shapes = {}   # (M, N, K, epilogue) -> [keys]
+    for op, W, shape in problems():
+        e = epilogue_of(op)
+        shapes.setdefault((*shape, e), [kernel_key(c, e) for c in candidates(e)])
+    measured = {}
+    t0 = time.time()
+    for (M, N, K, e), keys in shapes.items():
+        us, cublas, notes = measure((M, N, K), keys, kernels, args.reps, args.target_us)
+        measured[(M, N, K, e)] = (us, cublas, notes)
+        best = min(us, key=us.get) if us else None
+        print(f"  {M}x{N}x{K} ({e}): cuBLAS {cublas:.0f} us, best {best} {us.get(best, float('nan')):.0f} us "
+              f"({len(us)} timed)", flush=True)
+    print(f"timed {len(shapes)} shapes in {time.time() - t0:.0f} s", flush=True)
+    report(measured, errors, gpu, args)
+
+
+def _cfg_of(key) -> GemmConfig:
+    return GemmConfig(*key[:6])
+
+
+def report(measured, errors, gpu, args) -> None:
+    rows, table = [], []
+    dkey = {e: kernel_key(DEFAULT, e) for e in ("tma", "stores")}
+    for op, W, (M, N, K) in problems():
+        e = epilogue_of(op)
+        us, cublas, notes = measured[(M, N, K, e)]
+        flop = 2.0 * M * N * K
+        tf = {key: flop / (t * 1e-6) / 1e12 for key, t in us.items()}
+        ranked = sorted(us, key=us.get)
+        valid = [key for key in ranked if check(_cfg_of(key), M, N, K, world_size=W, op=op) is None]
+        best = valid[0] if valid else None
+        cub_tf = flop / (cublas * 1e-6) / 1e12
+        d = dkey[e]
+        row = dict(op=op, world_size=W, M=M, N=N, K=K, epilogue=e, cublas_us=cublas, cublas_tflops=cub_tf,
+                   best=_cfg_of(best).to_dict() if best else None, best_us=us.get(best), best_tflops=tf.get(best),
+                   ratio=(cublas / us[best]) if best else None, default_us=us.get(d),
+                   default_ratio=(cublas / us[d]) if d in us else None,
+                   ranked=[dict(config=_cfg_of(k).to_dict(), us=us[k], tflops=tf[k], ratio=cublas / us[k],
+                                tiles=waves(_cfg_of(k), M, N)[0], wave_eff=round(waves(_cfg_of(k), M, N)[1], 3))
+                           for k in valid],
+                   notes={_cfg_of(k).short(): v for k, v in notes.items()})
+        rows.append(row)
+        table.append([op, W, f"{M}x{N}x{K}", _cfg_of(best).short() if best else "-",
+                      f"{tf[best]:.0f}" if best else "-", f"{cub_tf:.0f}",
+                      f"{cublas / us[best]:.2f}" if best else "-",
+                      f"{cublas / us[d]:.2f}" if d in us else "-"])
+    print_table(f"GEMM tile configs, bf16, one {gpu} (per-rank GEMM of the fused ops; ratio = cuBLAS time / ours)",
+                ["op", "W", "MxNxK (per rank)", "best config", "TFLOP/s", "cuBLAS TFLOP/s", "ratio", "default ratio"],
+                table)
+    met = [r for r in rows if r["ratio"] and r["ratio"] >= 0.90]
+    print(f"target >= 0.90 of cuBLAS with the best config: met on {len(met)} of {len(rows)} (op, W, shape) rows")
+    if errors:
+        print("skipped (did not build):")
+        for key, err in errors.items():
+            print(f"  {_cfg_of(key).short()} {key[6]}: {err[:200]}")
+    if args.json:
+        payload = dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), reps=args.reps, rows=rows,
+                       skipped=[dict(config=_cfg_of(k).to_dict(), epilogue=k[6], error=v) for k, v in errors.items()])
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+def print_table(title, header, rows) -> None:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in cells:
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+
+
+def tuning_table(sweep: dict, keep: int = 6) -> dict:
+    """The tuning table of tilescale/ops/gemm.py from a sweep's JSON: per (op, M, N, K), the configs in
+    order of measured time (at most `keep`, the default config always kept if it was timed, so that a
+    shape never gets something slower than the default); per-W constraints are applied at selection."""
+    entries = {}
+    for r in sweep["rows"]:
+        key = (r["op"], r["M"], r["N"], r["K"])
+        if key in entries or not r["ranked"]:
+            continue   # the same GEMM at another W: the ranking is the same (constraints differ, not times)
+        ranked = r["ranked"]
+        top = ranked[:keep] + [x for x in ranked[keep:] if x["config"] == DEFAULT.to_dict()]
+        entries[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], configs=[x["config"] for x in top],
+                            tflops=[round(x["tflops"], 1) for x in top], cublas_tflops=round(r["cublas_tflops"], 1))
+    # configs that did not fit some W (e.g. block_m 256 when M / W is not a multiple) stay listed: the
+    # selection skips them for that W and takes the next one
+    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {sweep.get('gpu', '?')}, "
+                                 f"{sweep.get('date', '?')}", entries=list(entries.values()))
+
+
+def dry_run() -> None:
+    builds = all_builds()
+    print(f"{len(builds)} kernels to build (one per configuration and epilogue; M, N, K at run time):")
+    for i, (c, e) in enumerate(builds):
+        print(f"  [{i:2d}] {c.short():28s} epilogue={e:6s} smem {c.smem_bytes() // 1024} KiB")
+    print("\nper (op, W, shape): candidates that the op can run, tiles and wave efficiency on 132 SMs")
+    for op, W, (M, N, K) in problems():
+        e = epilogue_of(op)
+        cs = [c for c in candidates(e) if check(c, M, N, K, world_size=W, op=op) is None]
+        dt, deff = waves(DEFAULT, M, N)
+        print(f"  {op:7s} W={W} {M}x{N}x{K}: {len(cs)} candidates; default: {dt} tiles, wave efficiency "
+              f"{deff:.2f}; best wave efficiency among them {max(waves(c, M, N)[1] for c in cs):.2f}")
+
+
+def compile_check(args) -> None:
+    """Build (compile + link, no load) candidates for sm_90a without a GPU."""
+    builds = all_builds()
+    if args.only:
+        idx = [int(i) for i in args.only.split(",")]
+        builds = [builds[i] for i in idx]
+    _, errors = compile_all(builds, args.workers, build_only=True)
+    for key, err in errors.items():
+        print(f"FAILED {key}: {err}")
+    print(f"compile check: {len(builds) - len(errors)} of {len(builds)} built")
+    if errors:
+        sys.exit(1)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write every timing and the best config per shape here")
+    ap.add_argument("--reps", type=int, default=7, help="round-robin timing rounds per shape (median)")
+    ap.add_argument("--target-us", type=float, default=3000.0, help="length of one timing round")
+    ap.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 2), help="parallel builds")
+    ap.add_argument("--dry-run", action="store_true", help="list the candidates; no GPU, no build")
+    ap.add_argument("--compile-check", action="store_true", help="build candidates for sm_90a (no GPU needed)")
+    ap.add_argument("--only", help="with --compile-check: indices (as --dry-run lists them), e.g. 0,5,9")
+    ap.add_argument("--write-tuning", help="write tilescale's tuning table here from --from's sweep JSON")
+    ap.add_argument("--from", dest="src", help="sweep JSON for --write-tuning")
+    ap.add_argument("--keep", type=int, default=6, help="configs kept per shape in the tuning table")
+    args = ap.parse_args(argv)
+    if args.write_tuning:
+        if not args.src:
+            ap.error("--write-tuning needs --from SWEEP.json")
+        with open(args.src) as f:
+            table = tuning_table(json.load(f), args.keep)
+        with open(args.write_tuning, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        print(f"wrote {args.write_tuning}: {len(table['entries'])} shapes")
+        return
+    if args.dry_run:
+        dry_run()
+        return
+    from tilescale.env import settings
+
+    if settings.compile_only and not args.compile_check:   # launch.sh on a machine without GPUs
+        args.compile_check, args.only = True, args.only or "0,9"
+    if args.compile_check:
+        compile_check(args)
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_gemm_configs: no GPU visible (use --dry-run or --compile-check here)", file=sys.stderr)
+        sys.exit(2)
+    if int(os.environ.get("RANK", "0")) != 0:   # under launch.sh with GPUS > 1: one process does the work
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

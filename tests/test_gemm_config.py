@@ -1,0 +1,208 @@
+"""GEMM tile configurations of the fused kernels (tilescale/ops/gemm.py), on CPU: the selection from a
+tuning table (exact shape, nearest M, per-op constraints, fallbacks), the sweep's conversion to a table
+(benchmarks/bench_gemm_configs.py), and that non-default configurations build for sm_90a inside the
+fused kernels and inside the sweep's kernel."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilescale.ops import gemm
+from tilescale.ops.gemm import DEFAULT, GemmConfig, check, gemm_config
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+BIG_M = GemmConfig(256, 128, 64, 3, 256, 4)
+N192 = GemmConfig(128, 192, 64, 4, 256, 10)
+SMALL = GemmConfig(64, 256, 64, 4, 128, 0)
+
+
+def _fused_modules():
+    import importlib
+
+    # tilescale.ops re-exports functions named like these modules: import the modules themselves
+    return importlib.import_module("tilescale.ops.ag_gemm"), importlib.import_module("tilescale.ops.gemm_rs")
+
+
+def write_table(path: Path, entries) -> Path:
+    path.write_text(json.dumps({"format": 1, "source": "test", "entries": [
+        {"op": op, "M": M, "N": N, "K": K, "configs": [c.to_dict() for c in cfgs]} for op, M, N, K, cfgs in entries]}))
+    return path
+
+
+@pytest.fixture
+def table(tmp_path):
+    return write_table(tmp_path / "t.json", [
+        ("ag_gemm", 8192, 2048, 8192, [BIG_M, N192, DEFAULT]),
+        ("gemm_rs", 8192, 8192, 4096, [N192, SMALL, DEFAULT]),
+        ("ag_gemm", 8192, 8192, 4096, [SMALL]),
+    ])
+
+
+def test_no_table_gives_the_default(tmp_path):
+    assert gemm_config(8192, 2048, 8192, table=tmp_path / "missing.json") == DEFAULT
+    assert gemm_config(8192, 2048, 8192, world_size=4, op="ag_gemm", table=tmp_path / "missing.json") == DEFAULT
+
+
+def test_exact_shape_takes_the_fastest_config_the_op_can_run(table):
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=table) == BIG_M
+    # 8192 rows over 64 ranks: 128 per rank, not a multiple of block_m=256 -> the next one (192 columns is fine)
+    assert gemm_config(8192, 2048, 8192, world_size=64, op="ag_gemm", table=table) == N192
+    # GEMM+RS counts whole tiles of N: 8192 is not a multiple of 192 -> next (SMALL)
+    assert gemm_config(8192, 8192, 4096, world_size=2, op="gemm_rs", table=table) == SMALL
+
+
+def test_entries_of_another_op_are_not_used(table):
+    # the gemm_rs entry's shape, asked for by ag_gemm: the ag_gemm entry of that shape wins
+    assert gemm_config(8192, 8192, 4096, world_size=2, op="ag_gemm", table=table) == SMALL
+    # an ag_gemm-only shape asked for by gemm_rs: nothing of gemm_rs -> default
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="gemm_rs", table=table) == DEFAULT
+
+
+def test_unlisted_m_takes_the_entry_with_the_same_n_and_k(table):
+    assert gemm_config(16384, 2048, 8192, world_size=2, op="ag_gemm", table=table) == BIG_M
+    assert gemm_config(4096, 2048, 8192, world_size=4, op="ag_gemm", table=table) == BIG_M
+    # 1024 rows over 8 ranks = 128 per rank: BIG_M does not fit, N192 does
+    assert gemm_config(1024, 2048, 8192, world_size=8, op="ag_gemm", table=table) == N192
+    assert gemm_config(8192, 2048, 4096, world_size=2, op="ag_gemm", table=table) == DEFAULT   # other K
+    assert gemm_config(8192, 1024, 8192, world_size=2, op="ag_gemm", table=table) == DEFAULT   # other N
+
+
+def test_nothing_that_fits_gives_the_default(tmp_path):
+    t = write_table(tmp_path / "t.json", [("ag_gemm", 4096, 2048, 8192, [BIG_M])])
+    assert gemm_config(4096, 2048, 8192, world_size=32, op="ag_gemm", table=t) == DEFAULT
+
+
+def test_check_names_the_reason():
+    assert check(DEFAULT, 8192, 8192, 8192, world_size=4, op="ag_gemm") is None
+    assert "world_size x block_m" in check(BIG_M, 4096, 2048, 8192, world_size=32, op="ag_gemm")
+    assert "N=8192" in check(N192, 8192, 8192, 4096, world_size=2, op="gemm_rs")
+    assert check(N192, 8192, 8192, 4096, world_size=2, op="ag_gemm") is None
+    assert "shared memory" in check(GemmConfig(128, 256, 128, 3, 256), 8192, 8192, 8192)
+    assert "warpgroups" in check(GemmConfig(threads=192), 8192, 8192, 8192)
+    with pytest.raises(ValueError, match="op: got 'rs'"):
+        check(DEFAULT, 1, 1, 1, op="rs")
+
+
+def test_bad_tables_are_refused(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"entries": []}))
+    with pytest.raises(ValueError, match="not a GEMM tuning table"):
+        gemm_config(1, 1, 1, table=p)
+    p.write_text(json.dumps({"format": 1, "entries": [{"M": 1, "N": 1, "K": 1, "configs": [{"block_mm": 64}]}]}))
+    with pytest.raises(ValueError, match="unknown field"):
+        gemm_config(1, 1, 1, table=p)
+
+
+def test_shipped_table_is_valid():
+    entries = gemm.load_table()
+    for op, M, N, K, cfgs in entries:
+        assert op in gemm.OPS and cfgs, (op, M, N, K)
+        assert any(check(c, M, N, K, world_size=2, op=op) is None for c in cfgs), (op, M, N, K)
+
+
+def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
+    ag_gemm, gemm_rs = _fused_modules()
+
+    t = write_table(tmp_path / "t.json", [("ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                          ("gemm_rs", 8192, 8192, 4096, [SMALL])])
+    monkeypatch.setattr(gemm, "TUNING_FILE", t)
+    args = ag_gemm.kernel_args(8192, 2048, 8192, 2, "bfloat16")
+    assert args[6:] == (256, 128, 64, 3, 256, 4)
+    g, r = gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16")
+    assert g[5:] == (64, 256, 64, 4, 128, 0)
+    assert r[3] == 128 * (8192 // 256)   # completion count per row block: consumer threads x column tiles
+    assert r[6:] == (64, 256)             # the reduction's row block follows block_m
+    g, r = gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16", config=BIG_M)
+    assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
+    with pytest.raises(ValueError, match="config: .*block_n=192"):
+        gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16", config=N192)
+    with pytest.raises(ValueError, match="M: got 4096"):
+        ag_gemm.kernel_args(4096, 2048, 8192, 32, "bfloat16", config=BIG_M)
+
+
+# ------------------------------------------------------------------ the sweep (bench_gemm_configs.py)
+def test_sweep_candidates_and_problems():
+    import bench_gemm_configs as b
+
+    probs = b.problems()
+    assert len(probs) == 2 * (len(b.AG_SHAPES) + len(b.RS_SHAPES))
+    assert ("gemm_rs", 4, (8192, 8192, 28672 // 4)) in probs and ("ag_gemm", 4, (8192, 2752, 4096)) in probs
+    for e in ("tma", "stores"):
+        cs = b.candidates(e)
+        assert DEFAULT in cs and len(set(cs)) == len(cs)
+        assert all(check(c, 1 << 20, 1 << 20, 1 << 20) is None for c in cs)
+    assert all(8192 % c.block_n == 0 for c in b.candidates("stores"))
+    for op, W, (M, N, K) in probs:
+        ok = [c for c in b.candidates(b.epilogue_of(op)) if check(c, M, N, K, world_size=W, op=op) is None]
+        assert 8 <= len(ok) <= 20, (op, W, M, N, K, len(ok))
+
+
+def _sweep_row(op, W, M, N, K, ranked):
+    return dict(op=op, world_size=W, M=M, N=N, K=K, cublas_tflops=700.0,
+                ranked=[dict(config=c.to_dict(), us=us, tflops=2.0 * M * N * K / us / 1e6) for c, us in ranked])
+
+
+def test_write_tuning_round_trip(tmp_path):
+    import bench_gemm_configs as b
+
+    sweep = {"gpu": "NVIDIA H200", "date": "2026-11-23", "rows": [
+        _sweep_row("ag_gemm", 2, 8192, 2048, 8192, [(BIG_M, 400.0), (N192, 410.0), (SMALL, 420.0), (DEFAULT, 450.0)]),
+        _sweep_row("ag_gemm", 4, 8192, 2048, 8192, [(BIG_M, 401.0), (DEFAULT, 451.0)]),   # same GEMM: first row wins
+        _sweep_row("gemm_rs", 2, 8192, 8192, 4096, [(SMALL, 300.0), (DEFAULT, 310.0)]),
+    ]}
+    src = tmp_path / "sweep.json"
+    src.write_text(json.dumps(sweep))
+    out = tmp_path / "tuning.json"
+    b.main(["--write-tuning", str(out), "--from", str(src), "--keep", "2"])
+    t = json.loads(out.read_text())
+    assert t["format"] == 1 and "NVIDIA H200" in t["source"] and len(t["entries"]) == 2
+    ag = t["entries"][0]
+    assert [GemmConfig.from_dict(c) for c in ag["configs"]] == [BIG_M, N192, DEFAULT]   # top 2 + the default
+    assert ag["tflops"][0] > ag["tflops"][-1]
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=out) == BIG_M
+    assert gemm_config(8192, 2048, 8192, world_size=64, op="ag_gemm", table=out) == N192
+    assert gemm_config(8192, 8192, 4096, world_size=2, op="gemm_rs", table=out) == SMALL
+
+
+# --------------------------------------------------------------------- builds for sm_90a (no GPU)
+def test_non_default_configs_build_in_the_fused_kernels():
+    ag_gemm, gemm_rs = _fused_modules()
+
+    a = ag_gemm.kernel_args(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
+    r = ag_gemm.ag_gemm_kernel.build(*a)
+    assert "tl::rasterization2DRow<4>" in r.source and "wait_until" in r.source
+    g, red = gemm_rs.kernel_args(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
+    r = gemm_rs.gemm_rs_gemm_kernel.build(*g)
+    assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
+    assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
+    assert "atom_add" in r.source
+    r = gemm_rs.gemm_rs_reduce_kernel.build(*red)
+    assert "wait_until_pe" in r.source
+
+
+def test_sweep_kernel_builds_with_the_stores_epilogue():
+    import bench_gemm_configs as b
+
+    from tilescale.toolchain import stub_libcuda_dir
+
+    stub = stub_libcuda_dir()
+    import tilescale
+
+    pf = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
+    r = tilescale.build(pf, compile_flags=[f"-L{stub}"] if stub else [])
+    assert "tma_store" not in r.source and "tma_load" in r.source
+
+
+# ------------------------------------------------------------------------------------ on GPUs
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_fused_ops_with_non_default_configs_on_gpus(nranks):
+    from tilescale import testing
+
+    if testing.gpu_count() < nranks:
+        pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+    proc = testing.launch(REPO / "tests" / "gpu" / "gemm_configs_main.py", nranks, timeout=400)
+    testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused ops with 7 non-default configs")

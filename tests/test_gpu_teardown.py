@@ -1,0 +1,112 @@
+"""GPU tier: how a job ends. A normal exit, an exception on every rank or on one rank, and Ctrl-C must end
+every process of the job in bounded time, and print no error from freeing symmetric memory or shutting
+NVSHMEM down. Each test runs tests/gpu/teardown_main.py on 2 ranks through launch.sh (see its docstring
+for the modes); the CPU side of the same (torchrun, signals, leftovers) is in tests/test_launch_sh.py."""
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+import jobs
+from tilescale import testing
+
+MAIN = Path(__file__).resolve().parent / "gpu" / "teardown_main.py"
+RANKS = 2
+
+
+def need(n):
+    if testing.gpu_count() < n:
+        pytest.skip(f"needs {n} GPUs, found {testing.gpu_count()}")
+
+
+def start(mode: str, **env) -> tuple:
+    """The job, once every rank has printed RUNNING, and every pid it had then (ranks, torchrun, launch.sh)."""
+    job = jobs.Job(MAIN, mode, gpus=RANKS, env=env)
+    try:
+        lines = job.wait_for(r"\[rank \d+\] RUNNING pid=", RANKS, timeout=400)   # first run: compiles
+    except AssertionError:
+        job.kill()
+        raise
+    pids = [int(m) for ln in lines for m in re.findall(r"pid=(\d+)", ln)] + jobs.session_members(job.sid)
+    return job, pids
+
+
+def finish(job, pids, timeout: float) -> int:
+    """launch.sh's exit code once it ended (within `timeout` s), after checking that nothing is left."""
+    rc = job.wait(timeout)
+    left = [p for p in pids if jobs.alive(p)] + job.leftovers(grace=15)
+    if rc is None or left:
+        desc = job.describe(left)
+        job.kill(pids + left)
+        raise AssertionError(f"the job did not end within {timeout:.0f} s (exit code {rc}); still running:\n{desc}\n"
+                             f"--- output ---\n{job.output[-5000:]}")
+    return rc
+
+
+def assert_no_teardown_errors(out: str) -> None:
+    bad = jobs.teardown_errors(out)
+    assert not bad, "errors at teardown:\n" + "\n".join(bad[:20]) + f"\n--- output ---\n{out[-5000:]}"
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("mode", ["normal", "atexit"])
+def test_normal_exit_is_clean(mode):
+    """example_main's finalize, or tilescale's at-exit hook: exit 0, symmetric memory freed without a word."""
+    need(RANKS)
+    job, pids = start(mode)
+    rc = finish(job, pids, timeout=120)
+    out = job.output
+    assert rc == 0, out[-5000:]
+    assert out.count(f"OK: {mode} exit") == RANKS, out[-5000:]
+    assert "Traceback" not in out and "Error" not in out, out[-5000:]
+    assert "destroy_process_group() was not called" not in out, out[-5000:]
+    assert_no_teardown_errors(out)
+
+
+@pytest.mark.multigpu
+def test_exception_on_every_rank():
+    """Every rank raises: each prints its traceback, the job exits non-zero at once, nothing is left."""
+    need(RANKS)
+    job, pids = start("raise_all")
+    rc = finish(job, pids, timeout=90)
+    out = job.output
+    assert rc != 0, out[-5000:]
+    for r in range(RANKS):
+        assert f"RuntimeError: teardown_main: intentional failure on rank {r}" in out, out[-5000:]
+    assert_no_teardown_errors(out)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("mode", ["raise_one", "raise_one_bare"])
+def test_exception_on_one_rank(mode):
+    """Rank 1 raises while rank 0 waits in a kernel for it (no wait timeout: production settings). Rank 1
+    must not wait for rank 0 in a collective teardown: it exits, torchrun stops rank 0, the job ends."""
+    need(RANKS)
+    job, pids = start(mode, TILESCALE_WAIT_TIMEOUT_S="0")
+    t0 = time.monotonic()
+    rc = finish(job, pids, timeout=90)
+    out = job.output
+    assert rc != 0, out[-5000:]
+    assert "RuntimeError: teardown_main: intentional failure on rank 1" in out, out[-5000:]
+    assert "UNEXPECTED" not in out, out[-5000:]
+    assert time.monotonic() - t0 < 60, f"the job took {time.monotonic() - t0:.0f} s to end\n{out[-5000:]}"
+    assert_no_teardown_errors(out)
+
+
+@pytest.mark.multigpu
+def test_ctrl_c_ends_every_process():
+    """Ctrl-C while the ranks run collectives: launch.sh exits 130 within seconds, every process is gone
+    (ranks, torchrun, launch.sh), and nothing reports an error of freeing symmetric memory."""
+    need(RANKS)
+    job, pids = start("loop")
+    time.sleep(2)                                   # collectives in flight
+    t0 = time.monotonic()
+    job.interrupt()
+    rc = finish(job, pids, timeout=60)
+    took = time.monotonic() - t0
+    out = job.output
+    assert rc == 130, f"exit code {rc}\n{out[-5000:]}"
+    assert took < 30, f"launch.sh took {took:.0f} s to end after Ctrl-C\n{out[-5000:]}"
+    assert "UNEXPECTED" not in out
+    assert_no_teardown_errors(out)

@@ -1,0 +1,812 @@
+"""tilescale.profiler: event hierarchy, activation mask, user profilers, TILESCALE_PROFILE, the Chrome trace
+(schema, merge of ranks), in-kernel timestamp records and clocks, the timer ops (T.timestamp / T.smid),
+and the AG+GEMM kernel with and without timestamps. CPU tier, except the last test (2 GPUs).
+
+The GPU is stood in for by a fake clock: CUDA events are objects with ``elapsed_time`` and instrumented
+kernels are objects that write tile records into the buffer they are given, exactly where the real
+ones would; everything between (the session, the op-side helpers, decoding, the trace) is the real code.
+"""
+import importlib.util
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+import tilescale
+import tilescale.language as T
+import tilescale.profiler as tp
+from tilescale import testing
+from tilescale.profiler import chrome_trace
+from tilescale.profiler import session as profiling
+from tilescale.profiler.default import RecordingProfiler
+from tilescale.profiler.device_timeline import (TILE_FIELDS, TILE_WORDS, ClockSync, Tile, best_point, check_tiles,
+                                                decode_tiles, timer_resolution_ns)
+from tilescale.profiler.events import PARENT_TYPES, EventState, EventType
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden" / "profiler" / "ag_gemm_profile_off.cu"
+BENCH = REPO / "benchmarks" / "profile_ag_gemm.py"
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+AG_ARGS = (4096, 1024, 512, 2, 4, "bfloat16", 128, 256, 64, 3, 256)   # the snapshot's kernel (explicit config)
+I64, U64 = "int64", "uint64"
+
+
+# ------------------------------------------------------------------------------ a validator
+_NUM = (int, float)
+_REQUIRED = {
+    "X": {"name": str, "ts": _NUM, "dur": _NUM, "pid": int, "tid": int},
+    "B": {"name": str, "ts": _NUM, "pid": int, "tid": int},
+    "E": {"ts": _NUM, "pid": int, "tid": int},
+    "i": {"name": str, "ts": _NUM, "pid": int, "tid": int, "s": str},
+    "M": {"name": str, "pid": int, "args": dict},
+}
+
+
+def validate_chrome_trace(trace) -> dict:
+    """Check `trace` against the Chrome trace event format as tilescale writes it; returns id -> event.
+
+    Per event: the keys its phase requires, with their types; finite numbers; dur >= 0; instant scope
+    g/p/t; metadata names. Every process and thread used is named by a metadata event. Every X/i event
+    has a unique args.id, and a parent that is null or the id of an event of the same process, whose
+    type may be its parent's (events.PARENT_TYPES)."""
+    assert isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list), "no traceEvents list"
+    json.dumps(trace, allow_nan=False)  # strict JSON: no NaN / Infinity
+    ids, procs, threads, used = {}, set(), set(), set()
+    for n, e in enumerate(trace["traceEvents"]):
+        where = f"event {n} {e!r:.200}"
+        assert isinstance(e, dict) and e.get("ph") in _REQUIRED, f"{where}: unknown ph"
+        for key, typ in _REQUIRED[e["ph"]].items():
+            assert key in e, f"{where}: missing {key!r}"
+            v = e[key]
+            assert isinstance(v, typ) and not isinstance(v, bool), f"{where}: {key!r} is {type(v).__name__}"
+            if typ is _NUM:
+                assert math.isfinite(v), f"{where}: {key!r} not finite"
+        ph = e["ph"]
+        if ph == "X":
+            assert e["dur"] >= 0, f"{where}: negative dur"
+        if ph == "i":
+            assert e["s"] in ("g", "p", "t"), f"{where}: scope {e['s']!r}"
+        if ph == "M":
+            assert e["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index"), where
+            if e["name"].startswith("thread"):
+                assert isinstance(e.get("tid"), int), f"{where}: thread metadata without tid"
+            if e["name"].endswith("_name"):
+                assert isinstance(e["args"].get("name"), str), f"{where}: no name"
+                (threads if e["name"] == "thread_name" else procs).add((e["pid"], e.get("tid")) if
+                                                                       e["name"] == "thread_name" else e["pid"])
+            else:
+                assert isinstance(e["args"].get("sort_index"), int), f"{where}: no sort_index"
+            continue
+        used.add((e["pid"], e["tid"]))
+        args = e.get("args")
+        assert isinstance(args, dict), f"{where}: no args"
+        assert isinstance(args.get("id"), str), f"{where}: no args.id"
+        assert "parent" in args and (args["parent"] is None or isinstance(args["parent"], str)), f"{where}: parent"
+        assert isinstance(args.get("type"), str), f"{where}: no args.type"
+        assert args["id"] not in ids, f"{where}: duplicate id {args['id']}"
+        ids[args["id"]] = e
+    for eid, e in ids.items():
+        p = e["args"]["parent"]
+        if p is None:
+            assert e["args"]["type"] in ("GROUP", "COLL", "FUSED"), f"{eid}: a {e['args']['type']} without parent"
+            continue
+        assert p in ids, f"{eid}: parent {p} is not in the trace"
+        assert ids[p]["pid"] == e["pid"], f"{eid}: parent {p} is in another process"
+        t, pt = e["args"]["type"], ids[p]["args"]["type"]
+        if t != "STATE":
+            assert EventType[pt] & PARENT_TYPES[EventType[t]], f"{eid}: a {t} may not have a {pt} parent"
+    assert {pid for pid, _ in used} <= procs, f"unnamed processes: {sorted({p for p, _ in used} - procs)}"
+    assert used <= threads, f"unnamed threads: {sorted(used - threads)}"
+    return ids
+
+
+def assert_tracks_nest(trace) -> None:
+    """On every track, two complete events are disjoint or one contains the other (what trace viewers
+    need to draw them as a stack)."""
+    tracks = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], -e["dur"], e["name"]))
+    for key, evs in tracks.items():
+        stack = []
+        for ts, neg, name in sorted(evs):
+            end = ts - neg
+            while stack and stack[-1][0] <= ts + 1e-9:
+                stack.pop()
+            assert not stack or end <= stack[-1][0] + 1e-9, f"track {key}: {name} overlaps {stack[-1][1]}"
+            stack.append((end, name))
+
+
+# ------------------------------------------------------------------------------- a fake GPU
+class FakeEvent:
+    """A completed CUDA event at GPU time `t` (ns)."""
+
+    def __init__(self, t: int):
+        self.t = t
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) / 1e6
+
+
+class FakeStream:
+    def __init__(self, handle: int):
+        self.cuda_stream = handle
+
+
+class FakeGPU:
+    """A GPU clock that advances 1 us per recorded event; the clock's offset to the host is known."""
+
+    OFFSET = 7_000_000
+
+    def __init__(self):
+        self.t = 1_000_000_000_000
+
+    def event(self, stream=None) -> FakeEvent:
+        self.t += 1000
+        return FakeEvent(self.t)
+
+    def clock(self) -> ClockSync:
+        return ClockSync(points=[(self.t, self.OFFSET, 250)], anchor_event=FakeEvent(self.t), anchor_gpu_ns=self.t)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    g = FakeGPU()
+    monkeypatch.setattr(profiling, "_record_event", lambda stream: g.event(stream))
+    monkeypatch.setattr(profiling, "_current_stream", lambda: FakeStream(7))
+    return g
+
+
+@pytest.fixture(autouse=True)
+def clean_profiling(monkeypatch):
+    for v in ("TILESCALE_PROFILE", "TILESCALE_PROFILE_MASK", "TILESCALE_PROFILE_DIR", "TILESCALE_PROFILE_DEVICE",
+              "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    profiling.reset()
+    tp.register_profiler(None)
+    yield
+    profiling.reset()
+    tp.register_profiler(None)
+
+
+def tile_words(rank: int, base: int, tiles_m: int = 2, tiles_n: int = 2, world: int = 2) -> list[int]:
+    """Records as the instrumented AG+GEMM kernel writes them: rows of other ranks wait 300 ns."""
+    words = []
+    for by in range(tiles_m):
+        for bx in range(tiles_n):
+            rb = (by + rank * (tiles_m // world)) % tiles_m
+            src = rb // (tiles_m // world)
+            t0 = base + 100 * (by * tiles_n + bx)
+            ready = t0 + (300 if src != rank else 4)
+            words += [t0, ready, ready + 1000, (by * tiles_n + bx) % 3, src, 0, rb, bx]
+    return words
+
+
+class FakeKernel:
+    """A kernel object as ops hold them (name, launch); the instrumented one writes tile records into its
+    last argument as the GPU would."""
+
+    def __init__(self, name: str, gpu: FakeGPU | None = None, rank: int = 0):
+        self.name, self.gpu, self.rank, self.launches = name, gpu, rank, []
+
+    def launch(self, *args):
+        self.launches.append(args)
+        if self.gpu is not None:
+            import torch
+
+            buf = args[-1].view(torch.int64)
+            words = tile_words(self.rank, self.gpu.t + 50)
+            buf[:len(words)] = torch.tensor(words, dtype=torch.int64)
+
+
+def fused_call(kernel, instrumented, rank: int = 0, world: int = 2, chunks: int = 2):
+    """The profiling calls of AGGemm.__call__, in its order (copies on one stream per peer, then the GEMM)."""
+    import torch
+
+    rec = profiling.call("AGGemm", "fused", M=256, N=512, K=64) if profiling.current is not None else None
+    for j in range(1, world):
+        src, s = (rank + j) % world, FakeStream(100 + j)
+        if rec is not None:
+            rec.copies_begin(s, src)
+        for ch in range(chunks):
+            if rec is not None:
+                rec.copy_done(s, src, ch, 4096)
+    a = torch.zeros(4)
+    if rec is None:
+        kernel.launch(a, 1)
+    else:
+        rec.launcher(kernel, instrumented=instrumented, tiles=4, end=True)(a, 1)
+
+
+def coll_call():
+    """The profiling calls of AllGather.__call__."""
+    rec = profiling.call("AllGather", launch="allgather", bytes=1 << 20) if profiling.current is not None else None
+    if rec is not None:
+        rec.end()
+
+
+def by_type(events):
+    out = {}
+    for e in events:
+        out.setdefault(e["type"], []).append(e)
+    return out
+
+
+# ------------------------------------------------------------------------------------ event types
+def test_mask_parse_and_parents():
+    assert EventType.parse("coll,launch") == EventType.COLL | EventType.LAUNCH
+    assert EventType.parse("Tile | wait") == EventType.TILE | EventType.WAIT
+    assert EventType.parse("0x3") == EventType.GROUP | EventType.COLL
+    assert EventType.parse("all") == EventType.ALL and EventType.parse("") == EventType.NONE
+    assert EventType.parse("host") == EventType.GROUP | EventType.COLL | EventType.FUSED | EventType.LAUNCH
+    with pytest.raises(ValueError, match=r"TILESCALE_PROFILE_MASK='coll,tiles'.*'tiles'.*tile"):
+        EventType.parse("coll,tiles", "TILESCALE_PROFILE_MASK")
+    with pytest.raises(ValueError, match="bits outside"):
+        EventType.parse(str(1 << 20))
+    assert EventType.TILE.with_parents() == (EventType.TILE | EventType.KERNEL | EventType.LAUNCH | EventType.COLL
+                                             | EventType.FUSED | EventType.GROUP)
+    copy = EventType.COPY.with_parents()
+    assert copy & EventType.LAUNCH and copy & EventType.FUSED and not copy & (EventType.KERNEL | EventType.TILE)
+    assert EventType.GROUP.with_parents() == EventType.GROUP
+    # every type's parents are above it: with_parents of a type includes the types its parent may have
+    for t, parents in PARENT_TYPES.items():
+        assert (t.with_parents() & parents) == parents
+
+
+# -------------------------------------------------------------------------------------- hierarchy
+def test_hierarchy_from_group_to_tiles(gpu):
+    with tp.profile(None, clock=gpu.clock(), rank=0, world_size=2, merge=False) as s:
+        with tp.group("step 1"):
+            fused_call(FakeKernel("ag_gemm"), FakeKernel("ag_gemm", gpu, rank=0))
+            coll_call()
+        assert not {"TILE", "COPY"} & {e["type"] for e in s.profiler.events()}   # device events: at the end
+    events = s.profiler.events()
+    byid = {e["id"]: e for e in events}
+    t = by_type(events)
+    assert [len(t[k]) for k in ("GROUP", "FUSED", "COLL", "COPY", "WAIT", "TILE")] == [1, 1, 1, 2, 2, 4]
+    assert len(t["KERNEL"]) == 2 and len(t["LAUNCH"]) == 3  # GEMM + allgather; copies, GEMM, allgather
+
+    def chain(e):
+        out = [e["type"]]
+        while e["parent"] is not None:
+            e = byid[e["parent"]]
+            out.append(e["type"])
+        return out
+
+    for e in t["TILE"] + t["WAIT"]:
+        assert chain(e) == [e["type"], "KERNEL", "LAUNCH", "FUSED", "GROUP"]
+    for e in t["COPY"]:
+        assert chain(e) == ["COPY", "LAUNCH", "FUSED", "GROUP"]
+        assert byid[e["parent"]]["name"] == "copies from rank 1"
+    assert chain(t["COLL"][0]) == ["COLL", "GROUP"]
+    ag_kernel = next(k for k in t["KERNEL"] if k["name"] == "allgather")
+    assert chain(ag_kernel) == ["KERNEL", "LAUNCH", "COLL", "GROUP"]
+    for e in events:  # every event ended, none before it started; parents are reported before children
+        assert e["end_ns"] is not None and e["end_ns"] >= e["start_ns"], e
+        assert e["parent"] is None or e["parent"] < e["id"]
+    # device times are the GPU's plus the clock offset; waits only for the rows of the other rank
+    words = tile_words(0, 0)
+    for tile in t["TILE"]:
+        slot = 2 * tile["args"]["row_tile"] + tile["args"]["col_tile"]
+        rec = words[slot * TILE_WORDS:(slot + 1) * TILE_WORDS]
+        assert tile["end_ns"] - tile["start_ns"] == rec[2] - rec[1] == 1000
+        assert tile["track"] == f"SM {rec[3]}"
+    for w in t["WAIT"]:
+        assert w["args"]["src"] == 1 and w["end_ns"] - w["start_ns"] == 300
+        (state, args), = w["states"]
+        assert state == "signal_observed" and args["ts_ns"] == w["end_ns"] and args["chunk"] == 0
+    gemm = next(k for k in t["KERNEL"] if k["name"] == "ag_gemm")
+    tiles_start = min(x["start_ns"] for x in t["TILE"] + t["WAIT"])
+    assert gemm["start_ns"] < tiles_start and gemm["track"] == "stream 0"
+    chunks = sorted(t["COPY"], key=lambda e: e["start_ns"])
+    assert chunks[0]["end_ns"] == chunks[1]["start_ns"] and chunks[0]["args"]["bytes"] == 4096
+    assert chunks[0]["track"] == "stream 1"  # a stream of its own, not the GEMM's
+
+
+def test_instrumented_kernel_used_only_when_tiles_are_recorded(gpu):
+    plain, timed = FakeKernel("ag_gemm"), FakeKernel("ag_gemm", gpu)
+    with tp.profile(None, mask="fused,launch", clock=gpu.clock(), merge=False) as s:
+        fused_call(plain, timed)
+    assert len(plain.launches) == 1 and not timed.launches
+    assert {e["type"] for e in s.profiler.events()} == {"FUSED", "LAUNCH"}
+    with tp.profile(None, mask="tile", clock=gpu.clock(), merge=False) as s:
+        fused_call(plain, timed)
+    assert len(timed.launches) == 1 and timed.launches[0][-1].numel() == 4 * TILE_WORDS
+    assert len(by_type(s.profiler.events())["TILE"]) == 4
+    # no clock (no GPU): device types are dropped from the mask, the plain kernel runs
+    with tp.profile(None, mask="all", clock=None, merge=False) as s:
+        fused_call(plain, timed)
+    assert not s.mask & (EventType.DEVICE | EventType.COPY) and len(plain.launches) == 2
+
+
+# ---------------------------------------------------------------------------------- mask filtering
+class CountingProfiler(tp.Profiler):
+    name = "counting"
+
+    def __init__(self, wanted=None):
+        self.calls, self.wanted = [], wanted
+
+    def init(self, context, rank, world_size, mask):
+        self.calls.append(("init", rank, world_size, mask))
+        return self.wanted
+
+    def start_event(self, descr):
+        h = ("h", len(self.calls), descr.type, descr.name)
+        self.calls.append(("start", descr.type, descr.name, descr.parent, h))
+        return h
+
+    def stop_event(self, handle):
+        self.calls.append(("stop", handle))
+
+    def record_event_state(self, handle, state, args):
+        self.calls.append(("state", handle, state, dict(args)))
+
+    def finalize(self):
+        self.calls.append(("finalize",))
+
+
+def test_mask_filtering(gpu):
+    p = CountingProfiler()
+    with tp.profile(None, mask="coll", profiler=p, clock=gpu.clock(), merge=False) as s:
+        with tp.group("g"):
+            coll_call()
+            fused_call(FakeKernel("k"), FakeKernel("k", gpu))
+    assert s.mask == EventType.COLL | EventType.GROUP
+    started = [c[1] for c in p.calls if c[0] == "start"]
+    assert started == [EventType.GROUP, EventType.COLL]
+    # a user profiler may narrow the mask in init; parents of what it keeps stay on
+    p = CountingProfiler(wanted=EventType.TILE)
+    with tp.profile(None, mask="all", profiler=p, clock=gpu.clock(), merge=False) as s:
+        fused_call(FakeKernel("k"), FakeKernel("k", gpu))
+        coll_call()
+    assert s.mask == EventType.TILE.with_parents()
+    types = {c[1] for c in p.calls if c[0] == "start"}
+    assert types == {EventType.FUSED, EventType.COLL, EventType.LAUNCH, EventType.KERNEL, EventType.TILE}
+
+
+def test_masked_off_types_produce_nothing_and_cost_nothing():
+    p = CountingProfiler()
+    n = 20000
+    with tp.profile(None, mask="group", profiler=p, merge=False):
+        t = time.perf_counter()
+        for _ in range(n):
+            rec = profiling.call("AllGather", launch="allgather", bytes=1) if profiling.current is not None else None
+        per_call = (time.perf_counter() - t) / n
+    assert rec is None
+    assert [c[0] for c in p.calls] == ["init", "finalize"]
+    assert per_call < 5e-6, f"{per_call * 1e6:.2f} us per masked-off call"
+    # profiling off: the ops' guard is false and nothing is called
+    profiling.reset()
+    assert profiling.call("AllGather") is None and profiling.current is None
+
+
+# ----------------------------------------------------------------------------- user profilers
+def test_user_profiler_registration_receives_calls_in_order(gpu, tmp_path):
+    p = CountingProfiler()
+    tp.register_profiler(p)
+    assert tp.get_profiler() is p
+    with tp.profile(tmp_path, clock=gpu.clock(), rank=1, world_size=2, merge=False):
+        with tp.group("g"):
+            fused_call(FakeKernel("k"), FakeKernel("k", gpu, rank=1), rank=1)
+    kinds = [c[0] for c in p.calls]
+    assert kinds[0] == "init" and kinds[-1] == "finalize" and kinds.count("init") == kinds.count("finalize") == 1
+    assert p.calls[0][1:3] == (1, 2) and p.calls[0][3] == EventType.ALL
+    handles = [c[4] for c in p.calls if c[0] == "start"]
+    pos = {c[4]: i for i, c in enumerate(p.calls) if c[0] == "start"}
+    stops = {c[1]: i for i, c in enumerate(p.calls) if c[0] == "stop"}
+    assert set(stops) == set(handles) and kinds.count("stop") == len(handles), "every event is stopped once"
+    for c in p.calls:
+        if c[0] == "start" and c[3] is not None:
+            assert c[3] in pos and pos[c[3]] < pos[c[4]], "a parent is one of this profiler's handles, started first"
+        if c[0] == "state":
+            assert pos[c[1]] < p.calls.index(c) < stops[c[1]], "states come between start and stop"
+    states = [c for c in p.calls if c[0] == "state"]
+    assert any(s[2] is EventState.SIGNAL_OBSERVED for s in states)
+    assert all(s[2] in (EventState.SIGNAL_OBSERVED, EventState.END) for s in states)
+    assert not list(tmp_path.iterdir()), "a user profiler writes nothing of tilescale's"
+    # a class is instantiated per session; None restores the default recorder
+    tp.register_profiler(CountingProfiler)
+    with tp.profile(None, merge=False) as s:
+        pass
+    assert type(s.profiler) is CountingProfiler and s.profiler is not p
+    tp.register_profiler(None)
+    assert tp.get_profiler() is RecordingProfiler
+    with pytest.raises(TypeError, match="profiler: got int"):
+        tp.register_profiler(3)
+    tp.register_profiler(lambda: object())
+    with pytest.raises(TypeError, match="expected a tilescale.profiler.Profiler"):
+        with tp.profile(None, merge=False):
+            pass
+
+
+def test_user_profiler_with_out_dir_does_not_wait_for_trace_files(tmp_path):
+    t = time.monotonic()
+    with tp.profile(tmp_path, profiler=CountingProfiler(), rank=0, world_size=2, merge_timeout_s=20):
+        coll_call()
+    assert time.monotonic() - t < 10 and not (tmp_path / "trace.json").exists()
+
+
+def test_no_gpu_clock_turns_device_events_off(monkeypatch):
+    from tilescale.profiler import device_timeline
+
+    def broken():
+        raise RuntimeError("no stamp kernel")
+
+    monkeypatch.setattr(profiling, "_cuda_ready", lambda: True)
+    monkeypatch.setattr(device_timeline, "measure_clock", broken)
+    with pytest.warns(RuntimeWarning, match="no stamp kernel.*GPU-side events"):
+        with tp.profile(None, merge=False) as s:
+            coll_call()
+    assert s.clock is None and not s.mask & (EventType.DEVICE | EventType.COPY)
+    assert {e["type"] for e in s.profiler.events()} == {"COLL", "LAUNCH"}
+
+
+# ------------------------------------------------------------------ activation: env and context
+def test_env_activation_records_the_run(gpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("TILESCALE_PROFILE", "1")
+    monkeypatch.setenv("TILESCALE_PROFILE_MASK", "coll,launch")
+    monkeypatch.setenv("TILESCALE_PROFILE_DIR", str(tmp_path / "prof"))
+    assert profiling.current is not None  # undecided: the first op call reads the environment
+    coll_call()
+    assert isinstance(profiling.current, tp.Session) and tp.active()
+    assert profiling.current.mask == EventType.COLL | EventType.LAUNCH | EventType.FUSED | EventType.GROUP
+    coll_call()
+    merged = profiling.shutdown(merge_timeout_s=5)
+    assert profiling.current is None and not tp.active()
+    assert merged == str(tmp_path / "prof" / "trace.json")
+    ids = validate_chrome_trace(chrome_trace.load(merged))
+    assert sorted(e["args"]["type"] for e in ids.values()) == ["COLL", "COLL", "LAUNCH", "LAUNCH"]
+    assert (tmp_path / "prof" / "trace_rank0.json").exists()
+
+
+def test_env_off_and_bad_mask(monkeypatch):
+    coll_call()
+    assert profiling.current is None
+    profiling.reset()
+    monkeypatch.setenv("TILESCALE_PROFILE", "1")
+    monkeypatch.setenv("TILESCALE_PROFILE_MASK", "coll,kernels")
+    with pytest.raises(ValueError, match="TILESCALE_PROFILE_MASK='coll,kernels'"):
+        coll_call()
+    monkeypatch.setenv("TILESCALE_PROFILE", "maybe")
+    profiling.reset()
+    with pytest.raises(ValueError, match="TILESCALE_PROFILE='maybe'"):
+        coll_call()
+
+
+def test_env_settings_are_typed(monkeypatch):
+    from tilescale.env import describe, settings
+
+    assert (settings.profile, settings.profile_mask, settings.profile_device) == (False, "all", False)
+    monkeypatch.setenv("TILESCALE_PROFILE_DIR", "~/p")
+    monkeypatch.setenv("TILESCALE_PROFILE_DEVICE", "yes")
+    assert settings.profile_dir == Path("~/p").expanduser() and settings.profile_device is True
+    names = {n for n, _, _ in describe()}
+    assert {"TILESCALE_PROFILE", "TILESCALE_PROFILE_MASK", "TILESCALE_PROFILE_DIR",
+            "TILESCALE_PROFILE_DEVICE"} <= names
+
+
+def test_context_manager(gpu):
+    assert not tp.active()
+    with tp.group("outside"):  # no session: nothing, no error
+        pass
+    with tp.profile(None, mask="host", merge=False) as s:
+        assert profiling.current is s and tp.active()
+        with pytest.raises(RuntimeError, match="already active"):
+            with tp.profile(None, merge=False):
+                pass
+        with tp.group("outer"):
+            with tp.group("inner"):
+                coll_call()
+    assert not tp.active() and s.closed
+    ev = {e["name"]: e for e in s.profiler.events()}
+    assert ev["inner"]["parent"] == ev["outer"]["id"] and ev["AllGather"]["parent"] == ev["inner"]["id"]
+    with pytest.raises(TypeError, match="mask: got float"):
+        with tp.profile(None, mask=1.5):
+            pass
+    # an exception inside the block still ends the session (profiler finalized)
+    p = CountingProfiler()
+    with pytest.raises(KeyError):
+        with tp.profile(None, profiler=p, merge=False):
+            raise KeyError("x")
+    assert p.calls[-1] == ("finalize",) and not tp.active()
+
+
+# ------------------------------------------------------------------------------ Chrome trace
+def _two_rank_traces(gpu, out):
+    for rank in (1, 0):   # rank 0 last: it merges, waiting for rank 1's file
+        with tp.profile(out, clock=gpu.clock(), rank=rank, world_size=2, merge=True, merge_timeout_s=5,
+                        name="test run"):
+            with tp.group("iteration 0"):
+                fused_call(FakeKernel("ag_gemm"), FakeKernel("ag_gemm", gpu, rank=rank), rank=rank)
+                coll_call()
+
+
+def test_trace_schema_and_merge_of_two_ranks(gpu, tmp_path):
+    _two_rank_traces(gpu, tmp_path)
+    for r in (0, 1):
+        validate_chrome_trace(chrome_trace.load(chrome_trace.rank_path(tmp_path, r)))
+    merged = chrome_trace.load(tmp_path / "trace.json")
+    ids = validate_chrome_trace(merged)
+    assert_tracks_nest(merged)
+    ev = merged["traceEvents"]
+    assert {e["pid"] for e in ev} == {0, 1}
+    assert min(e["ts"] for e in ev if e["ph"] != "M") == 0.0
+    names = {(e["pid"], e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(0, "rank 0"), (1, "rank 1")}
+    threads = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"host", "stream 0", "stream 1", "SM 0", "SM 1", "SM 2"} <= threads
+    for r in (0, 1):
+        mine = [e for e in ids.values() if e["pid"] == r]
+        assert sum(e["args"]["type"] == "TILE" for e in mine) == 4
+        assert sum(e["ph"] == "i" and e["name"] == "signal observed" for e in mine) == 2
+        sm_tids = {e["tid"] for e in mine if e["args"]["type"] in ("TILE", "WAIT")}
+        assert all(t >= chrome_trace.SM_TID for t in sm_tids)
+    info = merged["otherData"]["tilescale"]
+    assert info["ranks"] == [0, 1] and info["name"] == "test run" and set(info["clocks"]) == {"0", "1"}
+    with pytest.raises(ValueError, match=r"rank\(s\) \[0\]"):
+        chrome_trace.merge([chrome_trace.load(chrome_trace.rank_path(tmp_path, 0))] * 2)
+
+
+def test_merge_cli_and_missing_rank(gpu, tmp_path, capsys):
+    _two_rank_traces(gpu, tmp_path)
+    os.remove(tmp_path / "trace.json")
+    assert chrome_trace.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "trace.json")
+    validate_chrome_trace(chrome_trace.load(tmp_path / "trace.json"))
+    os.remove(chrome_trace.rank_path(tmp_path, 1))
+    path = chrome_trace.merge_dir(tmp_path, 2, timeout_s=0.2)   # merges what exists, after waiting
+    assert {e["pid"] for e in chrome_trace.load(path)["traceEvents"]} == {0}
+    # a new session of rank 0 removes its file of the earlier run first
+    with tp.profile(tmp_path, mask="host", rank=0, world_size=2, merge=False):
+        assert not os.path.exists(chrome_trace.rank_path(tmp_path, 0))
+    assert os.path.exists(chrome_trace.rank_path(tmp_path, 0))
+    assert chrome_trace.main([str(tmp_path / "nothing")]) == 1
+
+
+def test_validator_rejects_broken_traces(gpu, tmp_path):
+    _two_rank_traces(gpu, tmp_path)
+    good = chrome_trace.load(tmp_path / "trace.json")
+
+    def broken(mutate):
+        t = json.loads(json.dumps(good))
+        mutate(t["traceEvents"])
+        with pytest.raises(AssertionError):
+            validate_chrome_trace(t)
+
+    def first(evs, pred):
+        return next(e for e in evs if pred(e))
+
+    broken(lambda evs: first(evs, lambda e: e["ph"] == "X" and e["args"]["parent"]).update(
+        args={**first(evs, lambda e: e["ph"] == "X" and e["args"]["parent"])["args"], "parent": "r9.9"}))
+    broken(lambda evs: first(evs, lambda e: e["ph"] == "X").pop("dur"))
+    broken(lambda evs: first(evs, lambda e: e["ph"] == "X").update(ts="12"))
+    broken(lambda evs: evs.remove(first(evs, lambda e: e["ph"] == "M" and e["name"] == "thread_name")))
+    broken(lambda evs: first(evs, lambda e: e["ph"] == "X" and e["args"]["type"] == "TILE")["args"].update(
+        parent=first(evs, lambda e: e["ph"] == "X" and e["args"]["type"] == "FUSED")["args"]["id"]))
+
+
+def test_overlapping_blocks_on_one_sm_get_lanes():
+    ev = [{"id": 1, "parent": None, "type": "FUSED", "name": "c", "track": "host", "start_ns": 0, "end_ns": 100,
+           "args": {}, "states": []}]
+    for i, (a, b) in enumerate([(10, 50), (20, 60), (50, 70), (65, 80)]):
+        ev.append({"id": i + 2, "parent": 1, "type": "TILE", "name": f"t{i}", "track": "SM 3", "start_ns": a,
+                   "end_ns": b, "args": {}, "states": []})
+    trace = chrome_trace.rank_trace(ev, 0)
+    tids = {e["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    base = chrome_trace.SM_TID + chrome_trace.SM_LANES * 3
+    assert tids == {"c": 0, "t0": base, "t1": base + 1, "t2": base, "t3": base + 1}
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names[base] == "SM 3" and names[base + 1] == "SM 3 (2)"
+
+
+# --------------------------------------------------------------------------- device timeline
+def test_decode_tile_records():
+    words = tile_words(1, 5000, tiles_m=4, tiles_n=2)
+    words[3 * TILE_WORDS:4 * TILE_WORDS] = [0] * TILE_WORDS   # a tile that never wrote
+    tiles = decode_tiles(words)
+    assert len(tiles) == 7 and all(isinstance(t, Tile) for t in tiles)
+    assert [t.t_start for t in tiles] == sorted(t.t_start for t in tiles)
+    assert next(t for t in tiles if t.slot == 0) == Tile(0, 5000, 5004, 6004, 0, 1, 0, 2, 0)   # own rows
+    assert next(t for t in tiles if t.slot == 4) == Tile(4, 5400, 5700, 6700, 1, 0, 0, 0, 0)   # waited 300 ns
+    assert {t.src for t in tiles} == {0, 1} and 3 not in {t.slot for t in tiles}
+    assert check_tiles(tiles, expected=8) == ["1 of 8 tiles wrote no record"]
+    bad = tiles[0]._replace(t_end=tiles[0].t_start - 1)
+    assert "out of order" in check_tiles([bad])[0]
+    assert timer_resolution_ns(tiles) == 4
+    assert len(TILE_FIELDS) == TILE_WORDS == 8
+    with pytest.raises(ValueError, match="multiple of TILE_WORDS"):
+        decode_tiles(words[:-1])
+
+
+def test_clock_sync():
+    # (host before, gpu, host after): the tightest bracket wins; offset is its midpoint minus gpu
+    g, off, err = best_point([(1000, 10, 1400), (2000, 1100, 2100), (3000, 2000, 3300)])
+    assert (g, off, err) == (1100, 950, 50)
+    c = ClockSync(points=[(0, 1000, 5), (1_000_000_000, 3000, 5)], anchor_event=FakeEvent(500),
+                  anchor_gpu_ns=500)
+    assert c.to_host(0) == 1000 and c.to_host(500_000_000) == 500_002_000 and c.to_host(1_000_000_000) == 1_000_003_000
+    assert c.event_to_host(FakeEvent(1500)) == 1500 + 1000   # anchor + 1 us elapsed, offset at ~0
+    assert c.describe()["drift_ns_per_s"] == pytest.approx(2000.0)
+    c.sampler = lambda: (2_000_000_000, 5000, 5)
+    c.resample()
+    assert c.to_host(2_000_000_000) == 2_000_005_000
+    with pytest.raises(ValueError, match="no anchor event"):
+        ClockSync(points=[(0, 0, 0)]).event_to_host(FakeEvent(1))
+    with pytest.raises(ValueError, match="samples"):
+        best_point([])
+
+
+# ----------------------------------------------------------------- timer ops and their kernels
+@tilescale.jit
+def timer_only(n: int = 64):
+    @T.prim_func
+    def timer_only_kernel(out: T.Tensor((n,), I64)):
+        with T.Kernel(2, threads=64) as bx:
+            if T.get_thread_binding() == 0:
+                out[bx * 2] = T.cast(T.timestamp(), "int64")
+                out[bx * 2 + 1] = T.cast(T.smid(), "int64")
+
+    return timer_only_kernel
+
+
+@tilescale.jit
+def timer_and_wait(n: int = 64):
+    @T.prim_func
+    def timer_and_wait_kernel(out: T.Tensor((n,), U64), sig: T.Tensor((1,), U64)):
+        with T.Kernel(1, threads=32):
+            out[0] = T.timestamp()
+            T.wait_until(sig[0], cmp="ge", value=1)
+            out[1] = T.timestamp()
+
+    return timer_and_wait_kernel
+
+
+@pytest.fixture
+def build_env(monkeypatch):
+    from tilescale import discovery
+
+    for name in ("NVSHMEM_HOME", "TILESCALE_BUILD_MODE", "TILESCALE_USE_NVSHMEM", "TILELANG_USE_NVSHMEM",
+                 "TILESCALE_USE_DISTRIBUTED", "TILELANG_USE_DISTRIBUTED", "TILESCALE_WAIT_TIMEOUT_S"):
+        monkeypatch.delenv(name, raising=False)
+    discovery.clear_cache()
+    yield
+    discovery.clear_cache()
+
+
+def test_timer_ops_are_not_distributed(build_env):
+    from tilescale.analysis import describe_distributed_calls, uses_distributed
+    from tilescale.compiler import lower_source
+    from tilescale.language.profile import device_source
+
+    f = timer_only.get_tir()
+    assert not uses_distributed(f) and describe_distributed_calls(f) == []
+    assert tilescale.resolve_backend(f).name == "tvm_ffi"
+    src = lower_source(f, target=SM90)
+    # tilelang builds it without tilescale's headers: the device functions are pasted in, once
+    assert "#include <tilescale/tilescale.cuh>" not in src
+    assert src.count("#define TILESCALE_PROFILE_CUH_") == 1 and device_source() in src
+    assert "tilescale_profile_timestamp()" in src and "tilescale_profile_smid()" in src
+    g = timer_and_wait.get_tir()
+    assert describe_distributed_calls(g) == ["tilescale::wait_until"]   # only the wait makes it distributed
+    dsrc = lower_source(g, target=SM90)
+    assert dsrc.startswith("#include <tilescale/tilescale.cuh>\n")
+    header = (REPO / "tilescale" / "include" / "tilescale" / "tilescale.cuh").read_text()
+    assert "#include <tilescale/profile.cuh>" in header   # the guard then drops the pasted copy
+
+
+def test_timer_kernel_compiles_with_nvcc(build_env):
+    from tilescale.toolchain import stub_libcuda_dir
+
+    d = stub_libcuda_dir()
+    r = tilescale.build(timer_only.get_tir(), target=SM90, compile_flags=[f"-L{d}"] if d else [])
+    assert not r.spec.distributed and Path(r.library).is_file()
+    assert re.search(r"=\s*\(\(int64_t\)tilescale_profile_timestamp\(\)\)", r.source), r.source[-1500:]
+
+
+def _normalised(src: str) -> str:
+    from tilescale.language.distributed import WAIT_SITES
+
+    # wait-site ids hash the kernel's file:line, which moves with any edit above the wait
+    for site, loc in WAIT_SITES.items():
+        if os.path.basename(loc.rpartition(":")[0]) == "ag_gemm.py":
+            src = re.sub(rf"\b{site}\b", "<site>", src)
+    return src
+
+
+def test_ag_gemm_without_timestamps_is_unchanged(build_env):
+    """profile=False generates, character for character, the source of the kernel before the option
+    existed (tests/golden/profiler/ag_gemm_profile_off.cu; UPDATE_GOLDEN=1 rewrites it)."""
+    from tilescale.compiler import lower_source
+    from tilescale.ops.ag_gemm import ag_gemm_kernel
+
+    got = _normalised(lower_source(ag_gemm_kernel.get_tir(*AG_ARGS), target=SM90, build_mode="inlined"))
+    assert got == _normalised(lower_source(ag_gemm_kernel.get_tir(*AG_ARGS, profile=False), target=SM90,
+                                           build_mode="inlined"))
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(got)
+    want = GOLDEN.read_text()
+    if got != want:
+        import difflib
+
+        pytest.fail("ag_gemm_kernel(profile=False) differs from its snapshot:\n" + "".join(difflib.unified_diff(
+            want.splitlines(True), got.splitlines(True), "golden", "generated")))
+    assert "tilescale_profile" not in got and "globaltimer" not in got
+
+
+def test_ag_gemm_with_timestamps_compiles(build_env, tmp_path, monkeypatch):
+    import tempfile
+
+    from tilescale.ops.ag_gemm import ag_gemm_kernel
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = ag_gemm_kernel.build(*AG_ARGS, profile=True, target=SM90)
+    assert r.spec.distributed and Path(r.library).is_file()
+    src = r.source
+    kernel = src[src.index('extern "C" __global__ void __launch_bounds__'):]
+    assert "uint64_t* prof" in kernel.split("{", 1)[0]
+    assert kernel.count("tilescale_profile_timestamp()") == 3 and kernel.count("tilescale_profile_smid()") == 1
+    # the record layout the decoder reads: words 0..7 of slot (by * tiles_n + bx) * TILE_WORDS
+    for w in range(TILE_WORDS):
+        field = f"+ {w})]" if w else "* 8))]"
+        assert field in kernel, (TILE_FIELDS[w], kernel[:3000])
+    # the GEMM itself is the uninstrumented one: every line of that kernel's body is still there
+    off = GOLDEN.read_text()
+    body = off[off.index('extern "C" __global__ void __launch_bounds__'):].split("{", 1)[1]
+    missing = [ln for ln in body.splitlines() if ln.strip() and "<site>" not in ln and ln not in kernel]
+    assert not missing, missing[:5]
+
+
+# ---------------------------------------------------------------------- the picture (benchmark)
+def _bench():
+    spec = importlib.util.spec_from_file_location("profile_ag_gemm_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):
+    bench = _bench()
+    _two_rank_traces(gpu, tmp_path)
+    trace = chrome_trace.load(tmp_path / "trace.json")
+    s = bench.summarize_call(trace, 0)
+    assert (s["tiles"], s["tiles_waited"], s["sms"]) == (4, 2, 3)
+    assert s["wait_us_total"] == pytest.approx(0.6) and s["tile_us_mean"] == pytest.approx(1.0)
+    assert 0 < s["wait_share"] < 1 and s["copy_us"] == pytest.approx(2.0) and "copy_under_kernel" in s
+    ev = bench.call_events(trace, 1)
+    assert len(ev["TILE"]) == 4 and len(ev["COPY"]) == 2 and len(ev["STATE"]) == 2
+    pytest.importorskip("matplotlib")
+    png = bench.plot_timeline(trace, str(tmp_path / "timeline.png"))
+    data = Path(png).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# ------------------------------------------------------------------------------------- 2 GPUs
+@pytest.mark.multigpu
+def test_profile_ag_gemm_on_gpus(tmp_path):
+    if testing.gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs, found {testing.gpu_count()}")
+    out = tmp_path / "prof"
+    proc = testing.launch(BENCH, 2, "--out", str(out), "--shape", "2048,1024,1024", "--calls", "2",
+                          "--rounds", "2", timeout=480)
+    testing.assert_all_ranks_ok(proc, 2)
+    result = json.loads((out / "profile_ag_gemm.json").read_text())
+    trace = chrome_trace.load(out / "trace.json")
+    ids = validate_chrome_trace(trace)
+    assert_tracks_nest(trace)
+    for r in (0, 1):
+        tiles = [e for e in ids.values() if e["pid"] == r and e["args"]["type"] == "TILE"]
+        assert len(tiles) == 2 * result["tiles_per_call"], len(tiles)   # every tile of both calls wrote
+        assert all(e["dur"] > 0 for e in tiles)
+        assert any(e["pid"] == r and e["args"]["type"] == "COPY" for e in ids.values())
+        assert any(e["pid"] == r and e["args"]["type"] == "WAIT" for e in ids.values())
+    for key in ("allgather_1MiB_host_events", "ag_gemm_kernel_timestamps", "ag_gemm_op_everything"):
+        o = result["overheads"][key]
+        assert o["off_us"] > 0 and o["on_us"] > 0 and math.isfinite(o["overhead"])
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib missing: the trace validated, timeline.png was not drawn")
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,411 @@
+"""torch.distributed, with collectives optionally served by tilescale plans: a drop-in replacement.
+
+    import tilescale.distributed as dist
+
+    dist.init_process_group("nccl", use_tilescale=True)   # or without use_tilescale: plain torch.distributed
+    dist.all_reduce(x)                                     # a tilescale plan or NCCL, as the selector decides
+    dist.all_gather_into_tensor(out, x)
+    work = dist.reduce_scatter_tensor(y, z, async_op=True); work.wait()
+
+Every public name of torch.distributed is available here (the ones not listed below are torch's own).
+With ``use_tilescale=True``, ``all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``,
+``all_to_all_single`` and ``broadcast`` ask :mod:`tilescale.plan` which plan serves the call
+(explicit ``plan=`` -> selector -> registered plan whose constraints match -> NCCL; the same on every
+rank, agreed once per distinct call over a gloo group). Built-in plans are registered only where the
+tuning table of this GPU model and world size says they beat NCCL, so by default NCCL serves every
+call that was not measured. These calls go to torch.distributed unchanged, with a debug line on the
+``tilescale.distributed`` logger (``TILESCALE_DIST_DEBUG=1`` prints them): a group other than the whole
+world, a reduction other than sum, a non-contiguous tensor, all-to-all with split sizes, a call no plan
+can serve (dtype, device, size). Tensors need not be on the symmetric heap: the built-in kernels copy
+through symmetric buffers of their own.
+
+Extensions to torch's signatures (keyword-only): ``plan=`` (a Plan or plan id: use it, skipping the
+selector) and ``hints=`` (e.g. ``{"prefer": "tilescale"}`` to use a built-in plan wherever one can
+run, or ``"nccl"``); defaults for the hints come from ``init_process_group(tilescale_hints=...)``,
+:func:`set_hints` and ``TILESCALE_DIST_PREFER``. :func:`stats` counts what served each collective.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as _td
+
+from .plan import Plan, PlanUnsupportedError
+from .plan import registry as _registry
+from .plan import selector as _selector
+
+log = logging.getLogger("tilescale.distributed")
+
+ReduceOp = _td.ReduceOp
+GroupMember = _td.GroupMember
+Work = _td.Work
+
+
+class _State:
+    def __init__(self):
+        self.enabled = False
+        self.started_runtime = False   # tilescale.init_distributed() was called by init_process_group
+        self.own_ctrl = False          # the gloo group below was created here
+        self.ctrl = None               # CPU group for the cross-rank agreement of plan choices
+        self.hints: dict = {}
+        self.nranks_per_node = 1
+        self.stats: dict = collections.defaultdict(collections.Counter)
+        self.lock = threading.Lock()
+        self.fast: dict = {}           # call key -> agreed Choice (see _route)
+        self.fast_generation = -1
+
+
+_S = _State()
+
+
+# --------------------------------------------------------------------------------- process groups
+def init_process_group(*args, use_tilescale: bool = False, tilescale_hints: dict | None = None, **kwargs) -> None:
+    """``torch.distributed.init_process_group(*args, **kwargs)``; with ``use_tilescale=True`` also
+    start the tilescale runtime (NVSHMEM; needs CUDA and an NCCL backend, reusing this default group)
+    and register the tuned built-in plans of this machine. Without CUDA, collectives still go through
+    the selector (registered Python plans run), and built-in plans are unavailable."""
+    hints = _check_hints(tilescale_hints, "tilescale_hints")
+    _td.init_process_group(*args, **kwargs)
+    if use_tilescale:
+        _enable(hints)
+
+
+def _enable(hints: dict) -> None:
+    from . import runtime
+    from .env import settings
+    from .plan import builtin
+
+    if settings.dist_debug:
+        _debug_to_stderr()
+    world = _td.get_world_size()
+    if torch.cuda.is_available() and "nccl" in str(_td.get_backend()).lower():
+        if not runtime.is_initialized():
+            runtime.init_distributed()
+            _S.started_runtime = True
+        rt = runtime.current()
+        if rt.info.world_size != world:
+            raise RuntimeError(f"the tilescale runtime has world size {rt.info.world_size}, torch.distributed {world}")
+        _S.ctrl, _S.own_ctrl = rt.ctrl_group, False
+        _S.nranks_per_node = rt.info.local_world_size
+        builtin.register_tuned(torch.cuda.get_device_name(rt.info.local_rank), world, _S.nranks_per_node)
+    else:
+        log.warning("use_tilescale=True without CUDA and an NCCL backend (backend %s): the "
+                    "tilescale runtime is not started; registered plans still run, built-in plans cannot",
+                    _td.get_backend())
+        _S.ctrl, _S.own_ctrl = _td.new_group(backend="gloo"), True
+        _S.nranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    _S.hints = hints
+    _S.enabled = True
+    _selector.forget()
+
+
+def destroy_process_group(group=None) -> None:
+    """``torch.distributed.destroy_process_group``; destroying the default group also shuts the tilescale
+    runtime down if :func:`init_process_group` started it."""
+    if group is None or group is GroupMember.WORLD:
+        if _S.enabled:
+            if _S.started_runtime:
+                from . import runtime
+
+                runtime.finalize()
+            elif _S.own_ctrl and _S.ctrl is not None:
+                _td.destroy_process_group(_S.ctrl)
+        _S.__init__()
+        _selector.forget()
+    _td.destroy_process_group(group)
+
+
+def is_tilescale_enabled() -> bool:
+    """Whether collectives go through the plan selector (init_process_group(..., use_tilescale=True))."""
+    return _S.enabled
+
+
+def set_hints(hints: dict | None) -> None:
+    """Default hints of every later collective call, e.g. ``{"prefer": "tilescale"}`` (call on every rank)."""
+    _S.hints = _check_hints(hints, "hints")
+
+
+def stats() -> dict:
+    """{collective: {plan name or "nccl": calls}} since start (or :func:`reset_stats`)."""
+    with _S.lock:
+        return {c: dict(v) for c, v in _S.stats.items()}
+
+
+def reset_stats() -> None:
+    with _S.lock:
+        _S.stats.clear()
+
+
+# ------------------------------------------------------------------------------------- dispatch
+def _check_hints(hints, arg: str) -> dict:
+    if hints is None:
+        return {}
+    if not isinstance(hints, dict):
+        raise TypeError(f"{arg}: got {type(hints).__name__}, expected a dict such as {{'prefer': 'tilescale'}}")
+    prefer = hints.get("prefer", "auto")
+    if prefer not in _selector.PREFER:
+        raise ValueError(f"{arg}['prefer']: got {prefer!r}, expected one of {', '.join(_selector.PREFER)}")
+    return dict(hints)
+
+
+def _hints(call_hints) -> dict:
+    from .env import settings
+
+    h = {}
+    if settings.dist_prefer != "auto":
+        h["prefer"] = settings.dist_prefer
+    h.update(_S.hints)
+    h.update(_check_hints(call_hints, "hints"))
+    return h
+
+
+def _count(collective: str, what: str) -> None:
+    with _S.lock:
+        _S.stats[collective][what] += 1
+
+
+def _debug(collective: str, msg: str) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("[rank %d] %s: %s", _td.get_rank(), collective, msg)
+
+
+def _debug_to_stderr() -> None:
+    if not any(getattr(h, "_tilescale", False) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("tilescale.distributed %(message)s"))
+        h._tilescale = True
+        log.addHandler(h)
+    log.setLevel(logging.DEBUG)
+
+
+def _whole_world(group) -> bool:
+    if group is None or group is GroupMember.WORLD:
+        return True
+    try:
+        return _td.get_process_group_ranks(group) == list(range(_td.get_world_size()))
+    except (RuntimeError, ValueError):
+        return False
+
+
+def _is_sum(op) -> bool:
+    try:
+        return bool(op == ReduceOp.SUM)
+    except (TypeError, RuntimeError):
+        return False
+
+
+def _why_not(group, tensors, op=None) -> str | None:
+    """Why a call cannot go through a plan, whatever the plan (None: it can)."""
+    if not _whole_world(group):
+        return "group is a subgroup (plans run on the whole world)"
+    if op is not None and not _is_sum(op):
+        return f"op {op} (plans implement sum)"
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return f"argument of type {type(t).__name__}, not a tensor"
+        if not t.is_contiguous():
+            return "non-contiguous tensor"
+    if len({t.dtype for t in tensors}) > 1:
+        return "input and output dtypes differ"
+    return None
+
+
+def _route(collective: str, t, msg_bytes: int, why_not: str | None, plan, hints):
+    """The plan chosen for this call (agreed by every rank), or None for torch.distributed."""
+    if not _S.enabled:
+        if plan is not None:
+            raise ValueError(f"plan: got {plan!r}, but tilescale.distributed was initialised without "
+                             "use_tilescale=True; expected plan=None")
+        return None
+    if why_not is not None:
+        if plan is not None:
+            raise ValueError(f"plan: got {getattr(plan, 'name', plan)!r}, which cannot serve this {collective} call: "
+                             f"{why_not}")
+        _debug(collective, f"NCCL ({why_not})")
+        _count(collective, "nccl")
+        return None
+    h = _hints(hints)
+    # the agreed choice of an identical earlier call, without building the request again (this cache
+    # and the selector's are filled and emptied by the same calls on every rank)
+    key = (collective, msg_bytes, t.dtype, t.device.type, tuple(sorted((k, str(v)) for k, v in h.items())),
+           plan.id if isinstance(plan, Plan) else plan)
+    gen = _registry.generation()
+    if gen != _S.fast_generation:
+        _S.fast.clear()
+        _S.fast_generation = gen
+    choice = _S.fast.get(key)
+    if choice is None:
+        req = _selector.Request(collective=collective, msg_bytes=int(msg_bytes), world_size=_td.get_world_size(),
+                                nranks_per_node=_S.nranks_per_node, hints=h,
+                                dtype=str(t.dtype).replace("torch.", ""), device=t.device.type)
+        choice = _selector.resolve(req, plan=plan, group=_S.ctrl)
+        if len(_S.fast) < 4096:
+            _S.fast[key] = choice
+    if choice.plan is None:
+        _debug(collective, f"NCCL ({choice.reason}; {msg_bytes} bytes {t.dtype})")
+        _count(collective, "nccl")
+    return choice.plan
+
+
+def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
+    """Run `plan`; (True, work or None), or (False, None) when the plan declined before communicating."""
+    try:
+        with torch.no_grad():
+            plan(*args, **kwargs)
+    except PlanUnsupportedError as e:
+        _debug(collective, f"NCCL ({plan.name} cannot serve it: {e})")
+        _count(collective, "nccl")
+        return False, None
+    _debug(collective, f"{plan.name} ({plan.id})")
+    _count(collective, plan.name)
+    return True, (_DoneWork(result) if async_op else None)
+
+
+class _DoneWork(Work):
+    """The work object of a collective that a plan ran, on the stream that was current at the call (or
+    on the host): ``wait()`` makes the now current stream wait for it, like NCCL's work objects."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = list(result)
+        self._event = None
+        if any(t.is_cuda for t in self._result):
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self, timeout=None) -> bool:
+        self.block_current_stream()
+        return True
+
+    def block_current_stream(self) -> None:
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+
+    def synchronize(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+# ----------------------------------------------------------------------------------- collectives
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, plan=None, hints=None):
+    """``torch.distributed.all_reduce``, through the plan selector when enabled."""
+    why = _why_not(group, [tensor], op)
+    p = _route("allreduce", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
+    if p is not None:
+        done, work = _launch("allreduce", p, async_op, [tensor], tensor, op="sum")
+        if done:
+            return work
+    return _td.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, plan=None, hints=None):
+    """``torch.distributed.all_gather_into_tensor``, through the plan selector when enabled."""
+    why = _why_not(group, [output_tensor, input_tensor])
+    if why is None and output_tensor.numel() != _td.get_world_size() * input_tensor.numel():
+        why = "output size is not world_size x input size"
+    p = _route("allgather", input_tensor, _nbytes(output_tensor) if why is None else 0, why, plan, hints)
+    if p is not None:
+        done, work = _launch("allgather", p, async_op, [output_tensor], output_tensor, input_tensor)
+        if done:
+            return work
+    return _td.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
+                          plan=None, hints=None):
+    """``torch.distributed.reduce_scatter_tensor``, through the plan selector when enabled."""
+    why = _why_not(group, [output, input], op)
+    if why is None and input.numel() != _td.get_world_size() * output.numel():
+        why = "input size is not world_size x output size"
+    p = _route("reduce_scatter", input, _nbytes(input) if why is None else 0, why, plan, hints)
+    if p is not None:
+        done, work = _launch("reduce_scatter", p, async_op, [output], output, input, op="sum")
+        if done:
+            return work
+    return _td.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,  # noqa: A002
+                      async_op=False, *, plan=None, hints=None):
+    """``torch.distributed.all_to_all_single``, through the plan selector when enabled (equal splits
+    only: with split sizes the ranks' message sizes differ, so NCCL serves the call)."""
+    why = _why_not(group, [output, input])
+    if why is None and (output_split_sizes is not None or input_split_sizes is not None):
+        why = "split sizes given"
+    W = _td.get_world_size()
+    if why is None and (output.numel() != input.numel() or input.dim() == 0 or output.dim() == 0
+                        or input.shape[0] % W or output.shape[0] % W):
+        why = "input and output sizes differ, or dim 0 is not divisible by the world size"
+    p = _route("all_to_all", input, _nbytes(input) if why is None else 0, why, plan, hints)
+    if p is not None:
+        done, work = _launch("all_to_all", p, async_op, [output], output, input)
+        if done:
+            return work
+    return _td.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
+                                 async_op=async_op)
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, plan=None, hints=None):
+    """``torch.distributed.broadcast``, through the plan selector when enabled."""
+    why = _why_not(group, [tensor])
+    root = src if src is not None else group_src
+    if why is None and not (isinstance(root, int) and 0 <= root < _td.get_world_size()):
+        why = f"src {root!r}"
+    p = _route("broadcast", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
+    if p is not None:
+        done, work = _launch("broadcast", p, async_op, [tensor], tensor, root)
+        if done:
+            return work
+    kw = {"group_src": group_src} if group_src is not None else {}
+    return _td.broadcast(tensor, src=src, group=group, async_op=async_op, **kw)
+
+
+# --------------------------------------------------------------------- everything else: torch's
+_OWN = ("init_process_group", "destroy_process_group", "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+        "all_to_all_single", "broadcast", "is_tilescale_enabled", "set_hints", "stats", "reset_stats")
+
+
+__all__ = sorted(set(_OWN) | {n for n in dir(_td) if not n.startswith("_")})
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if hasattr(_td, name):
+        return getattr(_td, name)
+    try:
+        return importlib.import_module(f"torch.distributed.{name}")
+    except ImportError:
+        raise AttributeError(f"module 'tilescale.distributed' has no attribute {name!r} "
+                             "(neither has torch.distributed)") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | {n for n in dir(_td) if not n.startswith("_")})

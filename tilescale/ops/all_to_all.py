@@ -1,0 +1,315 @@
+"""AllToAll over NVLink, written in tilescale (push): equal splits, and variable splits (MoE token dispatch).
+
+torch equivalent::
+
+    torch.distributed.all_to_all_single(out, x)                           # equal splits of dim 0
+    torch.distributed.all_to_all_single(out, x, out_splits, in_splits)    # rows per peer
+
+Rank r sends rows ``x[send_off[p] : send_off[p] + send_rows[p]]`` to every rank p, which stores them at
+its row offset for r: ``sum of the rows ranks 0..r-1 send to p``. The kernel moves bytes (any dtype)
+and reads, per peer p, (send offset, byte count, receive offset at p) from a small int64 table.
+
+Signal protocol of one call (epoch e = 1, 2, ...; every rank runs one kernel of ``blocks_per_peer x W``
+blocks, all co-resident; block (b, j) serves peer p = (rank + j) % W, j = 0 being this rank's own rows):
+
+1. block (b, j) tells p that this rank has entered epoch e: ``ready[rank] = e`` on p (release, system
+   scope);
+2. it waits until p has entered epoch e too (``ready[p] >= e`` here): p no longer reads the output of
+   the previous call, so it may be overwritten;
+3. it copies chunk b of the rows for p into p's output at this rank's offset (16-byte stores through
+   the NVLink mapping), fences, and adds 1 to ``arrived[rank]`` on p (also for an empty chunk);
+4. blocks (b < W, j = 0) wait until ``arrived[b] >= e * blocks_per_peer``: when the kernel ends,
+   every rank's rows have arrived here.
+
+The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritten by the next call);
+``all_to_all_single(out, ...)`` copies it into `out`.
+"""
+import functools
+
+import tilescale
+import tilescale.language as T
+
+from .reduce_scatter import PASS_CONFIGS
+from .vectors import BYTE, INDEX, SIGNAL
+
+# (max bytes per rank, blocks per peer)
+BLOCKS_PER_PEER = ((256 << 10, 4), (4 << 20, 16), (64 << 20, 32), (1 << 62, 64))
+
+
+def blocks_per_peer_for(nbytes: int, world_size: int, sms: int) -> int:
+    """Blocks per peer: the table above, at least W (blocks (b < W, 0) do the final waits), and at most
+    one wave of ``blocks_per_peer x W`` blocks."""
+    want = next(b for limit, b in BLOCKS_PER_PEER if nbytes <= limit)
+    want = max(want, world_size)
+    return max(world_size, min(want, max(1, sms // world_size)))
+
+
+@tilescale.jit(pass_configs=PASS_CONFIGS)
+def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512):
+    """Kernel of :class:`AllToAll` (bytes; one build serves every dtype, size and split)."""
+    W = world_size
+    B = blocks_per_peer
+    n_in = T.dynamic("n_in")
+    n_out = T.dynamic("n_out")
+
+    @T.prim_func
+    def all_to_all(x: T.Tensor((n_in,), BYTE), out: T.Tensor((n_out,), BYTE),
+                   meta: T.Tensor((3, W), INDEX), ready: T.Tensor((W,), SIGNAL),
+                   arrived: T.Tensor((W,), SIGNAL), epoch: T.uint64):
+        with T.Kernel(B, W, threads=threads) as (b, j):
+            me = T.get_rank()
+            peer = (me + j) % W
+            tx = T.get_thread_binding()
+            if tx == 0:
+                T.st(ready[me], epoch, scope="sys", sem="release", dst_pe=peer)
+                T.wait_until(ready[peer], cmp="ge", value=epoch)
+            T.sync_threads()
+            send_off = meta[0, peer]
+            count = meta[1, peer]
+            recv_off = meta[2, peer]
+            chunk = T.ceildiv(T.ceildiv(count, B), 16) * 16       # 16-byte aligned chunks
+            lo = T.min(T.cast(b, "int64") * chunk, count)
+            hi = T.min(lo + chunk, count)
+            T.put_signal_block(x[send_off + lo:send_off + hi], out[recv_off + lo:recv_off + hi], arrived[me],
+                               value=1, sig_op="add", dst_pe=peer)
+            if j == 0:
+                if b < W:
+                    if tx == 0:
+                        T.wait_until(arrived[b], cmp="ge", value=epoch * B)
+                    T.sync_threads()
+
+    return all_to_all
+
+
+def split_table(send_rows, matrix, rank: int, row_bytes: int) -> list[list[int]]:
+    """The kernel's per-peer table, in bytes: ``[send offset in x, bytes to send, offset in the peer's
+    output]`` for every peer p, where ``matrix[s][p]`` is the number of rows rank s sends to rank p and
+    `send_rows` is this rank's row of it. Rank r's rows land at p after those of ranks 0..r-1."""
+    W = len(send_rows)
+    send_off = [sum(send_rows[:p]) * row_bytes for p in range(W)]
+    counts = [send_rows[p] * row_bytes for p in range(W)]
+    recv_off = [sum(matrix[s][p] for s in range(rank)) * row_bytes for p in range(W)]
+    return [send_off, counts, recv_off]
+
+
+def check_splits(every: list[dict], rank: int) -> None:
+    """Cross-rank check of all_to_all_single's arguments, given every rank's ``{"send", "recv", "err",
+    "row", "dtype"}``: raises on every rank alike (each rank sees the same list) unless all are valid
+    and ``send[p]`` of rank s equals ``recv[s]`` of rank p for every pair."""
+    from ..errors import CollectiveMismatchError
+
+    W = len(every)
+    bad = [(r, v["err"]) for r, v in enumerate(every) if v["err"]]
+    if bad:
+        if every[rank]["err"]:
+            raise ValueError(f"all_to_all_single: {every[rank]['err']}")
+        raise CollectiveMismatchError("all_to_all_single: invalid arguments on other ranks (" +
+                                      "; ".join(f"rank {r}: {e}" for r, e in bad) + f"); this is rank {rank}")
+    if len({(v["row"], v["dtype"]) for v in every}) > 1:
+        raise CollectiveMismatchError("all_to_all_single: ranks disagree on the row shape / dtype: " +
+                                      ", ".join(f"rank {r}: {v['row']} {v['dtype']}" for r, v in enumerate(every)) +
+                                      f"; this is rank {rank}")
+    wrong = [(s, p) for s in range(W) for p in range(W) if every[s]["send"][p] != every[p]["recv"][s]]
+    if wrong:
+        s, p = wrong[0]
+        raise CollectiveMismatchError(
+            f"all_to_all_single: split sizes disagree: rank {s} sends {every[s]['send'][p]} rows to rank {p} "
+            f"(its input_split_sizes[{p}]) but rank {p} expects {every[p]['recv'][s]} (its "
+            f"output_split_sizes[{s}]); {len(wrong)} such pair(s); this is rank {rank}")
+
+
+def kernel_for(nbytes: int, world_size: int, sms: int, threads: int = 512):
+    """(jit function, args) of the kernel :class:`AllToAll` builds for `nbytes` of output per rank."""
+    return all_to_all_kernel, (world_size, blocks_per_peer_for(nbytes, world_size, sms), threads)
+
+
+def _row_bytes(shape, dtype) -> int:
+    import math
+
+    import torch
+
+    return math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
+
+
+class AllToAll:
+    """AllToAll with equal splits of dim 0 of a `(R, ...)` tensor of `dtype` (R divisible by W): rank r
+    receives rows ``[r*R/W, (r+1)*R/W)`` of every rank, in rank order.
+
+    Collective to construct (allocates the symmetric output; checks that every rank passed the same
+    shape and dtype). ``a2a(x)`` returns the output, which lives in this op's symmetric buffer and is
+    overwritten by the next call; ``a2a(x, out=t)`` copies it into `t`.
+    """
+
+    def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512,
+                 _capacity_rows: int | None = None):
+        import torch
+
+        from .. import runtime, symm
+        from . import vectors
+        from .consistency import require_same_on_all_ranks
+
+        rt = runtime.current()
+        # first: every rank learns whether all passed the same arguments (then all raise alike below)
+        require_same_on_all_ranks("AllToAll", shape=shape, dtype=dtype, capacity_rows=_capacity_rows,
+                                  blocks_per_peer=blocks_per_peer, threads=threads)
+        self.shape = vectors.as_shape("AllToAll", shape)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"AllToAll: dtype: got {dtype!r}, expected a torch.dtype")
+        if len(self.shape) == 0:
+            raise ValueError(f"AllToAll: shape: got {self.shape}, expected (rows, ...) with at least one dimension")
+        self.world_size = W = rt.info.world_size
+        self.rank = rt.info.rank
+        vectors.check_launch("AllToAll", blocks_per_peer, threads, W, lambda: max(1, vectors.sm_count() // W))
+        if blocks_per_peer is not None and blocks_per_peer < W:
+            raise ValueError(f"AllToAll: blocks_per_peer: got {blocks_per_peer}, expected at least the world size {W} "
+                             "(blocks (b < W, 0) do the final waits)")
+        if _capacity_rows is None and self.shape[0] % W:
+            raise ValueError(f"AllToAll: shape: got {self.shape}, expected (rows, ...) with rows divisible by the "
+                             f"world size {W} (equal splits; all_to_all_single takes split sizes)")
+        self.dtype = dtype
+        self.row_bytes = _row_bytes(self.shape, dtype)
+        self.capacity_rows = self.shape[0] if _capacity_rows is None else _capacity_rows
+        nbytes = self.capacity_rows * self.row_bytes
+        fn, args = kernel_for(nbytes, W, vectors.sm_count(), threads)
+        if blocks_per_peer:
+            args = (W, blocks_per_peer, threads)
+        self.blocks_per_peer = args[1]
+        self.out = symm.empty((self.capacity_rows, *self.shape[1:]), dtype=dtype)
+        self._out_bytes = self.out.view(-1).view(torch.uint8) if self.out.numel() else \
+            torch.empty(0, dtype=torch.uint8, device=self.out.device)
+        self.ready = symm.zeros((W,), dtype=torch.uint64)
+        self.arrived = symm.zeros((W,), dtype=torch.uint64)
+        self.epoch = 0
+        self.kernel = fn(*args)
+        self.kernel.prepare()
+        self._direct = vectors.direct_launcher(self.kernel, ("x", "out", "meta", "ready", "arrived", "epoch", "n_in",
+                                                             "n_out"))
+        self._stream = vectors.stream_getter()
+        self._size = torch.Size(self.shape)
+        if _capacity_rows is None:
+            rows = self.shape[0] // W
+            self.meta = self._meta([rows] * W, [[rows] * W for _ in range(W)])
+
+    def _meta(self, send_rows, matrix):
+        """The kernel's (3, W) int64 table for these splits (see :func:`split_table`), on the GPU."""
+        import torch
+
+        table = split_table(send_rows, matrix, self.rank, self.row_bytes)
+        return torch.tensor(table, dtype=torch.int64).to(self.out.device)
+
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        for t in (self.out, self.ready, self.arrived):
+            symm.free(t)
+
+    def _launch(self, x, meta) -> None:
+        import torch
+
+        from . import vectors
+
+        if not x.is_contiguous():
+            x = x.contiguous()
+        self.epoch += 1
+        if self._direct is not None:
+            fn, err = self._direct
+            if fn(x.data_ptr(), self.out.data_ptr(), meta.data_ptr(), self.ready.data_ptr(), self.arrived.data_ptr(),
+                  self.epoch, x.nbytes, self._out_bytes.numel(), self._stream()) != 0:
+                raise vectors.launch_failed("all_to_all", err)
+            return
+        xb = x.view(-1).view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8, device=x.device)
+        self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.epoch)
+
+    def __call__(self, x, out=None):
+        import torch
+
+        from . import vectors
+
+        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
+            vectors.check_tensor("AllToAll", "x", x, self.shape, self.dtype)
+        if out is not None:
+            vectors.check_tensor("AllToAll", "out", out, self.shape, self.dtype)
+        self._launch(x, self.meta)
+        if out is None or out.data_ptr() == self.out.data_ptr():
+            return self.out
+        out.copy_(self.out)
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(shape, dtype, world_size):
+    return AllToAll(shape, dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_v(row_shape, dtype, capacity_rows, world_size):
+    return AllToAll((capacity_rows, *row_shape), dtype, _capacity_rows=capacity_rows)
+
+
+def _splits(name: str, sizes, rows: int, W: int) -> tuple[list[int] | None, str | None]:
+    """(split list, None) or (None, error message) for `sizes` (None = equal splits of `rows`)."""
+    if sizes is None:
+        if rows % W:
+            return None, (f"{name}: None (equal splits) needs dim 0 divisible by the world size {W}, got {rows} "
+                          "rows")
+        return [rows // W] * W, None
+    try:
+        s = [int(v) for v in sizes]
+    except (TypeError, ValueError):
+        return None, f"{name}: got {sizes!r}, expected a list of {W} ints"
+    if len(s) != W or any(v < 0 for v in s):
+        return None, f"{name}: got {s}, expected {W} non-negative ints (rows per rank)"
+    if sum(s) != rows:
+        return None, f"{name}: got {s} (sum {sum(s)}), expected sizes summing to dim 0 = {rows}"
+    return s, None
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
+    """``torch.distributed.all_to_all_single(output, input, output_split_sizes, input_split_sizes)``.
+
+    Equal splits (both None): one cached :class:`AllToAll` per (shape, dtype); the result is copied into
+    `output` unless `output` is that op's buffer. Variable splits (rows per rank; ``input_split_sizes[p]``
+    on rank r must equal ``output_split_sizes[r]`` on rank p): the split sizes of every rank are exchanged
+    on the host (one small all_gather over the control group per call) and checked; a mismatch raises
+    :class:`~tilescale.errors.CollectiveMismatchError` on every rank. Returns `output`.
+    """
+    import torch
+
+    from .. import runtime
+
+    for name, t in (("output", output), ("input", input)):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() == 0:
+            raise ValueError(f"all_to_all_single: {name}: got {type(t).__name__}"
+                             f"{' ' + str(tuple(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}"
+                             ", expected a CUDA tensor with at least one dimension")
+    if output.dtype != input.dtype or tuple(output.shape[1:]) != tuple(input.shape[1:]):
+        raise ValueError(f"all_to_all_single: output: got {tuple(output.shape)} {output.dtype}, expected "
+                         f"(rows, {', '.join(map(str, input.shape[1:]))}) {input.dtype} (input's row shape and dtype)")
+    rt = runtime.current()
+    W, me = rt.info.world_size, rt.info.rank
+    if output_split_sizes is None and input_split_sizes is None:
+        if tuple(output.shape) != tuple(input.shape):
+            raise ValueError(f"all_to_all_single: output: got {tuple(output.shape)}, expected {tuple(input.shape)} "
+                             "(equal splits: the shape of input)")
+        if input.shape[0] % W:
+            raise ValueError(f"all_to_all_single: input: got {input.shape[0]} rows, expected a multiple of the "
+                             f"world size {W} (or pass split sizes)")
+        op = _cached(tuple(input.shape), input.dtype, W)
+        return op(input, out=output)
+
+    # variable splits: every rank learns every rank's splits (and whether its arguments were valid)
+    send, err_in = _splits("input_split_sizes", input_split_sizes, input.shape[0], W)
+    recv, err_out = _splits("output_split_sizes", output_split_sizes, output.shape[0], W)
+    mine = dict(send=send, recv=recv, err=err_in or err_out, row=tuple(input.shape[1:]), dtype=str(input.dtype))
+    every = rt.all_gather_object(mine)
+    check_splits(every, me)
+    most = max(sum(v["recv"]) for v in every)
+    capacity = 1 << max(0, (most - 1).bit_length())           # power of two: few distinct ops
+    op = _cached_v(tuple(input.shape[1:]), input.dtype, capacity, W)
+    matrix = [v["send"] for v in every]
+    op._launch(input, op._meta(send, matrix))
+    rows = output.shape[0]
+    if output.data_ptr() != op.out.data_ptr() or not output.is_contiguous():
+        output.copy_(op.out[:rows])
+    return output

@@ -1,0 +1,210 @@
+"""Broadcast over NVLink, written in tilescale (the root stages, every other rank pulls).
+
+torch equivalent::
+
+    torch.distributed.broadcast(x, src)      # in place: x = root's x on every rank
+
+The kernel moves bytes (any dtype). Every rank runs one kernel of `blocks` co-resident blocks; block b
+owns a 16-byte aligned chunk b of the message, cut into ``nsub`` sub-chunks of ``SUB_BYTES`` (sub-chunk k
+of call e has the sequence number ``seq = (e - 1) * nsub + k + 1``, which only grows). The root copies its
+tensor into its symmetric ``stage[par]`` (par = e % 2); the other ranks read it over NVLink straight into
+their own tensor, so neither side needs its tensor on the symmetric heap; sub-chunks pipeline the two.
+
+Signal protocol of one call (epoch e = 1, 2, ...):
+
+1. root, block b: waits until ``done[b, r] >= e - 2`` for every other rank r (r finished reading
+   ``stage[par]`` two calls ago, so it may be overwritten); then for k = 0, 1, ...: copies sub-chunk k
+   of chunk b of x into ``stage[par]`` and sets ``ready[b] = seq`` on every other rank (release, system
+   scope);
+2. other rank r, block b, for k = 0, 1, ...: waits until ``ready[b] >= seq``, copies sub-chunk k from the
+   root's ``stage[par]`` (16-byte loads over NVLink) into its tensor; at the end it sets
+   ``done[b, r] = e`` on the root (release).
+
+Each rank sends or receives the whole message once; the root's NVLink carries W - 1 copies of it
+(a flat broadcast: on NVSwitch systems every receiver reads at full speed, but the root's links are
+shared by the W - 1 readers).
+"""
+import functools
+
+import tilescale
+import tilescale.language as T
+
+from .reduce_scatter import PASS_CONFIGS
+from .vectors import BYTE, SIGNAL
+
+# (max bytes, blocks)
+BLOCKS = ((256 << 10, 8), (4 << 20, 32), (1 << 62, 64))
+SUB_BYTES = 64 << 10        # the unit of the stage/read pipeline
+
+
+@tilescale.jit(pass_configs=PASS_CONFIGS)
+def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
+    """Kernel of :class:`Broadcast` (bytes; one build serves every dtype, size and root)."""
+    W = world_size
+    n = T.dynamic("n")
+    n_stage = T.dynamic("n_stage")
+
+    @T.prim_func
+    def broadcast(x: T.Tensor((n,), BYTE), out: T.Tensor((n,), BYTE),
+                  stage: T.Tensor((2, n_stage), BYTE), ready: T.Tensor((blocks,), SIGNAL),
+                  done: T.Tensor((blocks, W), SIGNAL), root: T.int32, epoch: T.uint64, epoch_old: T.uint64):
+        with T.Kernel(blocks, threads=threads) as b:
+            me = T.get_rank()
+            tx = T.get_thread_binding()
+            par = T.cast(epoch % 2, "int32")
+            chunk = T.ceildiv(T.ceildiv(n, blocks), 16) * 16      # 16-byte aligned chunks
+            nsub = T.ceildiv(chunk, SUB_BYTES)
+            lo = T.min(b * chunk, n)
+            hi = T.min(lo + chunk, n)
+            if me == root:
+                if tx < W:
+                    if tx != root:
+                        T.wait_until(done[b, tx], cmp="ge", value=epoch_old)
+                T.sync_threads()
+                for k in T.serial(nsub):
+                    slo = T.min(lo + k * SUB_BYTES, hi)
+                    shi = T.min(slo + SUB_BYTES, hi)
+                    T.put_block(x[slo:shi], stage[par, slo:shi], dst_pe=me)   # local copy (self mapping)
+                    if tx < W:
+                        if tx != root:
+                            T.st(ready[b], (epoch - 1) * T.cast(nsub, "uint64") + T.cast(k + 1, "uint64"),
+                                 scope="sys", sem="release", dst_pe=tx)
+            else:
+                for k in T.serial(nsub):
+                    slo = T.min(lo + k * SUB_BYTES, hi)
+                    shi = T.min(slo + SUB_BYTES, hi)
+                    if tx == 0:
+                        T.wait_until(ready[b], cmp="ge",
+                                     value=(epoch - 1) * T.cast(nsub, "uint64") + T.cast(k + 1, "uint64"))
+                    T.sync_threads()
+                    T.get_block(stage[par, slo:shi], out[slo:shi], src_pe=root)
+                if tx == 0:
+                    T.st(done[b, me], epoch, scope="sys", sem="release", dst_pe=root)
+
+    return broadcast
+
+
+def kernel_for(nbytes: int, world_size: int, sms: int, threads: int = 512):
+    """(jit function, args) of the kernel :class:`Broadcast` builds for a message of `nbytes`."""
+    from . import vectors
+
+    return broadcast_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads)
+
+
+class Broadcast:
+    """Broadcast of a tensor of `shape` and `dtype` from rank `src` to every rank.
+
+    Collective to construct (allocates the root's symmetric staging buffer on every rank; checks that
+    every rank passed the same shape, dtype and src). ``bc(x)`` overwrites `x` with the root's tensor
+    on every other rank (in place, like torch) and returns it; ``bc(x, out=t)`` leaves `x` alone and
+    writes the root's tensor into `t` instead (on the root too).
+    """
+
+    def __init__(self, shape, dtype, src: int, *, blocks: int | None = None, threads: int = 512):
+        import torch
+
+        from .. import runtime, symm
+        from . import vectors
+        from .consistency import require_same_on_all_ranks
+
+        rt = runtime.current()
+        # first: every rank learns whether all passed the same arguments (then all raise alike below)
+        require_same_on_all_ranks("Broadcast", shape=shape, dtype=dtype, src=src, blocks=blocks, threads=threads)
+        self.world_size = W = rt.info.world_size
+        self.rank = rt.info.rank
+        vectors.check_launch("Broadcast", blocks, threads, W)
+        self.shape = vectors.as_shape("Broadcast", shape)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"Broadcast: dtype: got {dtype!r}, expected a torch.dtype")
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < W:
+            raise ValueError(f"Broadcast: src: got {src!r}, expected a rank in 0..{W - 1}")
+        self.dtype, self.src = dtype, src
+        self.nbytes = vectors.numel(self.shape) * vectors.element_size(dtype)
+        if self.nbytes >= 1 << 31:
+            raise ValueError(f"Broadcast: shape: got {self.shape} {dtype} ({self.nbytes} bytes), expected less than "
+                             "2 GiB (the kernel indexes bytes with 32-bit integers)")
+        fn, args = kernel_for(self.nbytes, W, vectors.sm_count(), threads)
+        if blocks:
+            args = (W, blocks, threads)
+        self.blocks = args[1]
+        self.stage = symm.empty((2, -(-self.nbytes // 16) * 16), dtype=torch.uint8)
+        self.ready = symm.zeros((self.blocks,), dtype=torch.uint64)
+        self.done = symm.zeros((self.blocks, W), dtype=torch.uint64)
+        self.epoch = 0
+        self.kernel = fn(*args)
+        self.kernel.prepare()
+        self._direct = vectors.direct_launcher(self.kernel, ("x", "out", "stage", "ready", "done", "root", "epoch",
+                                                             "epoch_old", "n", "n_stage"))
+        self._bufs = (self.stage.data_ptr(), self.ready.data_ptr(), self.done.data_ptr(), src)
+        self._stream = vectors.stream_getter()
+        self._size = torch.Size(self.shape)
+
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        for t in (self.stage, self.ready, self.done):
+            symm.free(t)
+
+    def __call__(self, x, out=None):
+        import torch
+
+        from . import vectors
+
+        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
+            vectors.check_tensor("Broadcast", "x", x, self.shape, self.dtype)
+        if out is None:
+            out = x
+        else:
+            vectors.check_tensor("Broadcast", "out", out, self.shape, self.dtype)
+        if self.nbytes == 0:
+            return out
+        if self._direct is not None and out is x and x.is_contiguous():
+            self.epoch += 1   # the fast path: in place
+            fn, err = self._direct
+            p = x.data_ptr()
+            if fn(p, p, *self._bufs, self.epoch, max(self.epoch - 2, 0), self.nbytes, self.stage.shape[1],
+                  self._stream()) != 0:
+                raise vectors.launch_failed("broadcast", err)
+            return out
+        dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        src = x if x.is_contiguous() else x.contiguous()
+        if self.rank == self.src and dst.data_ptr() != src.data_ptr():
+            dst.copy_(src)
+        self.epoch += 1
+        self.kernel.launch(src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8), self.stage, self.ready,
+                           self.done, self.src, self.epoch, max(self.epoch - 2, 0))
+        if dst is not out:
+            out.copy_(dst)
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(nbytes_shape, dtype, src, world_size):
+    return Broadcast(nbytes_shape, dtype, src)
+
+
+def broadcast(tensor, src: int):
+    """``torch.distributed.broadcast(tensor, src)``: every rank's `tensor` receives rank `src`'s, in
+    place; returns `tensor`. One :class:`Broadcast` per (numel, dtype, src) is built on first use."""
+    import torch
+
+    from .. import runtime
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
+        raise ValueError(f"broadcast: tensor: got {type(tensor).__name__}"
+                         f"{' on ' + str(tensor.device) if isinstance(tensor, torch.Tensor) else ''}, "
+                         "expected a CUDA tensor")
+    if isinstance(src, bool) or not isinstance(src, int) or src < 0:
+        raise ValueError(f"broadcast: src: got {src!r}, expected a rank (int >= 0)")
+    W = runtime.current().info.world_size
+    if src >= W:
+        raise ValueError(f"broadcast: src: got {src!r}, expected a rank in 0..{W - 1}")
+    bc = _cached((tensor.numel(),), tensor.dtype, src, W)
+    if tensor.is_contiguous():
+        bc(tensor.view(-1))
+    else:
+        flat = tensor.contiguous().view(-1)
+        bc(flat)
+        tensor.copy_(flat.view(tensor.shape))
+    return tensor

@@ -1,0 +1,131 @@
+"""How the collectives see user tensors: flat runs of 16-byte vectors.
+
+The reducing kernels (AllReduce, ReduceScatter) read and write ``(..., nv, VEC)`` views of the
+user's tensors, ``VEC = 16 // element size`` elements per vector, so that every load and store is
+one 16-byte access. A tensor whose element count does not fill whole vectors (or that is not
+contiguous and 16-byte aligned) is staged through a padded scratch tensor owned by the op: one
+local copy in, one out. The copying kernels (AllToAll, Broadcast) move bytes and need no padding.
+"""
+import math
+
+SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+# dtypes of the kernels' bookkeeping tensors (names, so that annotations hold no string literals)
+SIGNAL, BYTE, INDEX = "uint64", "uint8", "int64"
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (tilelang's name)."""
+    return str(dtype).replace("torch.", "")
+
+
+def check_dtype(op: str, dtype, arg: str = "dtype") -> None:
+    """ValueError unless `dtype` is one of the reduction dtypes (bf16, fp16, fp32)."""
+    if dtype_name(dtype) not in SUPPORTED_DTYPES:
+        raise ValueError(f"{op}: {arg}: got {dtype}, expected one of torch.bfloat16, torch.float16, "
+                         "torch.float32 (sums are accumulated in fp32)")
+
+
+def element_size(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def vector_width(dtype) -> int:
+    """Elements per 16-byte vector: 8 for bf16/fp16, 4 for fp32."""
+    return 16 // element_size(dtype)
+
+
+def as_shape(op: str, shape) -> tuple:
+    """`shape` as a tuple of ints >= 0, or ValueError naming `op`'s shape argument."""
+    try:
+        out = tuple(int(s) for s in shape)
+    except TypeError:
+        raise ValueError(f"{op}: shape: got {shape!r}, expected a sequence of ints") from None
+    if any(s < 0 for s in out):
+        raise ValueError(f"{op}: shape: got {out}, expected sizes >= 0")
+    return out
+
+
+def check_launch(op: str, blocks, threads, world_size: int, per_wave=None) -> None:
+    """ValueError unless `blocks` (None: by size) is a positive int of at most ``per_wave()`` (one wave: the
+    SM count) and `threads` a multiple of 32 in [32, 1024], at least the world size (threads < W wait)."""
+    if blocks is not None:
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(f"{op}: blocks: got {blocks!r}, expected a positive int (or None: by size)")
+        most = (per_wave or sm_count)()
+        if blocks > most:
+            raise ValueError(f"{op}: blocks: got {blocks}, expected at most {most} (all blocks must be co-resident: "
+                             "one wave)")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32 \
+            or threads < world_size:
+        raise ValueError(f"{op}: threads: got {threads!r}, expected a multiple of 32 in [32, 1024], at least the "
+                         f"world size {world_size}")
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+def vector_view(t, shape: tuple):
+    """`t` seen as `shape` (..., VEC) without a copy when it is contiguous, 16-byte aligned and holds
+    exactly that many elements; else None (the caller stages it)."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() == numel(shape):
+        return t.view(shape)
+    return None
+
+
+def check_tensor(op: str, arg: str, t, shape: tuple, dtype) -> None:
+    """ValueError unless `t` is a CUDA tensor of `shape` and `dtype`."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {arg}: got {type(t).__name__}, expected a torch.Tensor")
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        raise ValueError(f"{op}: {arg}: got {tuple(t.shape)} {t.dtype}, expected {tuple(shape)} {dtype} "
+                         "(the shape and dtype this op was built for)")
+    if not t.is_cuda:
+        raise ValueError(f"{op}: {arg}: got a tensor on {t.device}, expected a CUDA tensor")
+
+
+def blocks_for(nbytes: int, table, sms: int) -> int:
+    """Blocks of a kernel for a message of `nbytes`: the first ``(max_bytes, blocks)`` of `table` with
+    nbytes <= max_bytes, capped at the SM count (all blocks must be co-resident: one wave)."""
+    for limit, blocks in table:
+        if nbytes <= limit:
+            return max(1, min(blocks, sms))
+    return max(1, min(table[-1][1], sms))
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current GPU (132 on H100/H200 SXM)."""
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def direct_launcher(kernel, names):
+    """``(entry, last_error)``: the C entry point of a compiled kernel, called with raw pointers and ints
+    in the order of `names` then the stream (one ctypes call, microseconds cheaper than tilelang's generic
+    launch; see ``tilescale.ops.allgather.direct_entry``), or None when the library does not expose it
+    that way: the caller then launches through ``kernel.launch``."""
+    try:
+        from .allgather import direct_entry
+    except ImportError:
+        return None
+    return direct_entry(kernel, names)
+
+
+def stream_getter():
+    """A function returning the current CUDA stream of this device as a raw handle (an int), cheaply."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    dev = torch.cuda.current_device()
+    if raw is not None:
+        return lambda: raw(dev)
+    return lambda: torch.cuda.current_stream().cuda_stream
+
+
+def launch_failed(name: str, last_error) -> RuntimeError:
+    return RuntimeError(f"{name} kernel launch failed: {last_error().decode(errors='replace')}")

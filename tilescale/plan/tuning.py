@@ -1,0 +1,94 @@
+"""Tuning tables: where tilescale's built-in collectives beat NCCL, per GPU model and world size.
+
+A table is JSON written by the collective benchmarks::
+
+    {"gpu": "NVIDIA H200", "world_size": 4,
+     "collectives": {"allreduce": {"algo": "one_shot", "ranges": [[0, 262144]]},
+                     "allgather": [{"algo": "push", "ranges": [[4194304, 1073741824]]}]}}
+
+``ranges`` are inclusive message sizes in bytes (Request.msg_bytes) where the algorithm beat NCCL by
+at least 3%; a collective may list several algorithms. ``algo`` is a built-in's short name ("one_shot")
+or full name ("tilescale.allreduce.one_shot"). Tables ship in ``tilescale/plan/tuning/*.json``;
+``TILESCALE_TUNING_FILE`` names one to use instead. Where no table matches the machine, no built-in
+plan is registered and NCCL serves every call (tilescale is never chosen where it was not measured to win).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from .plan import canonical_collective
+
+TUNING_DIR = Path(__file__).resolve().parent / "tuning"
+log = logging.getLogger("tilescale.plan")
+
+
+def normalize_gpu(name: str) -> str:
+    """'NVIDIA H200' and 'h200' compare equal; 'H100 NVL' and 'H100' do not."""
+    return re.sub(r"\s+", " ", re.sub(r"^nvidia\s+", "", name.strip().lower()))
+
+
+def validate(table, where: str) -> dict:
+    """The table in canonical form: {"gpu", "world_size", "collectives": {collective: [(algo, [(lo, hi)])]}};
+    a clear ValueError naming `where` and the field when it is malformed."""
+    from .builtin import full_name
+
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: got a JSON {type(table).__name__}, expected an object with gpu, world_size, "
+                         "collectives")
+    gpu, ws, colls = table.get("gpu"), table.get("world_size"), table.get("collectives")
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise ValueError(f"{where}: gpu: got {gpu!r}, expected the GPU's name, e.g. 'NVIDIA H200'")
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        raise ValueError(f"{where}: world_size: got {ws!r}, expected an integer >= 1")
+    if not isinstance(colls, dict):
+        raise ValueError(f"{where}: collectives: got {colls!r}, expected an object {{collective: {{algo, ranges}}}}")
+    out: dict[str, list] = {}
+    for cname, entries in colls.items():
+        coll = canonical_collective(cname, f"{where}: collectives[{cname!r}]")
+        for i, e in enumerate(entries if isinstance(entries, list) else [entries]):
+            at = f"{where}: collectives[{cname!r}]" + (f"[{i}]" if isinstance(entries, list) else "")
+            if not isinstance(e, dict) or not isinstance(e.get("algo"), str):
+                raise ValueError(f"{at}: got {e!r}, expected {{'algo': name, 'ranges': [[lo, hi], ...]}}")
+            algo = full_name(coll, e["algo"], at + ".algo")
+            ranges = e.get("ranges", [])
+            ok = isinstance(ranges, list) and all(
+                isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                            for x in r) and r[0] <= r[1] for r in ranges)
+            if not ok:
+                raise ValueError(f"{at}.ranges: got {ranges!r}, expected a list of [lo, hi] byte sizes with "
+                                 "0 <= lo <= hi")
+            out.setdefault(coll, []).append((algo, [tuple(r) for r in ranges]))
+    return {"gpu": gpu, "world_size": ws, "collectives": out}
+
+
+def _read(path: Path) -> dict:
+    try:
+        return validate(json.loads(path.read_text()), str(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def load(gpu_name: str, world_size: int) -> dict | None:
+    """The validated table for this GPU model and world size, or None."""
+    from ..env import settings
+
+    if settings.tuning_file:
+        path = Path(settings.tuning_file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"TILESCALE_TUNING_FILE={settings.tuning_file!r}: no such file; expected a tuning "
+                             "table (JSON)")
+        paths = [path]
+    else:
+        paths = sorted(TUNING_DIR.glob("*.json"))
+    for path in paths:
+        table = _read(path)
+        if normalize_gpu(table["gpu"]) == normalize_gpu(gpu_name) and table["world_size"] == world_size:
+            log.info("tuning table %s for %s x %d", path, gpu_name, world_size)
+            table["path"] = str(path)
+            return table
+    log.info("no tuning table for %s x %d (looked at %s): NCCL serves every call by default",
+             gpu_name, world_size, ", ".join(map(str, paths)) or TUNING_DIR)
+    return None

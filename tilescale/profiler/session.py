@@ -1,0 +1,486 @@
+"""The running profiling session, the profiler registry, and the record helpers that ops call.
+
+Ops guard every use with one check, so that a run without profiling pays one attribute lookup::
+
+    from ..profiler import session as profiling
+    rec = profiling.call("AllGather", "coll", bytes=n) if profiling.current is not None else None
+
+``current`` is the active :class:`Session`, or None. Before anything decided it holds a sentinel
+(not None), so the first op call lands in :func:`call`, which reads ``TILESCALE_PROFILE`` once and
+either starts a session for the whole run or sets ``current = None``.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterator
+
+from .events import EventDescr, EventState, EventType, Profiler, ProfilerContext
+
+log = logging.getLogger("tilescale")
+_KERNEL, _COPY, _TILES = int(EventType.KERNEL), int(EventType.COPY), int(EventType.WAIT | EventType.TILE)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<not decided: TILESCALE_PROFILE is read at the first op call>"
+
+
+_UNSET = _Unset()
+current: Any = _UNSET              # Session | None | _UNSET
+_registered: Any = None             # Profiler instance, class or factory; None = the default recorder
+_lock = threading.Lock()
+
+
+# ------------------------------------------------------------------------------------------ registry
+def register_profiler(profiler: Profiler | Callable[[], Profiler] | None) -> None:
+    """Use `profiler` for the sessions started from now on (NCCL: ``NCCL_PROFILER_PLUGIN``): a
+    :class:`Profiler` instance (reused by every session), or a class / factory called once per session.
+    None restores tilescale's default (:class:`tilescale.profiler.default.RecordingProfiler`)."""
+    global _registered
+    if profiler is not None and not isinstance(profiler, Profiler) and not callable(profiler):
+        raise TypeError(f"profiler: got {type(profiler).__name__}, expected a tilescale.profiler.Profiler "
+                        "instance, a Profiler subclass or a factory returning one, or None")
+    _registered = profiler
+
+
+def get_profiler() -> Profiler | Callable[[], Profiler]:
+    """What sessions will use: the registered profiler (instance or factory), else the default class."""
+    if _registered is not None:
+        return _registered
+    from .default import RecordingProfiler
+
+    return RecordingProfiler
+
+
+def _instantiate(p) -> Profiler:
+    if isinstance(p, Profiler):
+        return p
+    inst = p()
+    if not isinstance(inst, Profiler):
+        raise TypeError(f"profiler factory {p!r} returned {type(inst).__name__}, expected a "
+                        "tilescale.profiler.Profiler")
+    return inst
+
+
+def _rank_world() -> tuple[int, int]:
+    from .. import runtime
+
+    if runtime.is_initialized():
+        info = runtime.current().info
+        return info.rank, info.world_size
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _cuda_ready() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ------------------------------------------------------------------------------------------- session
+class Session:
+    """One profiling session: a profiler between its ``init`` and ``finalize``, the effective mask, the
+    open groups, and the device data to decode when the session ends."""
+
+    def __init__(self, profiler: Profiler, mask: EventType, *, rank: int, world_size: int,
+                 out_dir: str | None = None, name: str = "tilescale", clock=None):
+        self.profiler = profiler
+        self.rank, self.world_size = rank, world_size
+        self.context = ProfilerContext(name=name, out_dir=out_dir)
+        requested = EventType(mask).with_parents()
+        gpu = requested & (EventType.DEVICE | EventType.COPY)
+        if clock is None and gpu and _cuda_ready():
+            from .device_timeline import measure_clock
+
+            try:
+                clock = measure_clock()
+            except Exception as e:  # noqa: BLE001  (profile the host side rather than fail the run)
+                warnings.warn(f"tilescale profiler: could not map the GPU clock to the host's ({type(e).__name__}: "
+                              f"{e}); GPU-side events (kernel, copy, wait, tile) are off in this session",
+                              RuntimeWarning, stacklevel=3)
+        self.clock = self.context.clock = clock
+        wanted = profiler.init(self.context, rank, world_size, requested)
+        self.mask = requested if wanted is None else (requested & EventType(wanted)).with_parents()
+        if self.clock is None:  # GPU-side events need the GPU clock on the host's
+            self.mask &= ~(EventType.DEVICE | EventType.COPY)
+        self.bits = int(self.mask)   # the hot paths test plain ints (IntFlag's & costs a microsecond)
+        self.groups: list = []
+        self.pending: list = []       # DeviceRecord / CopyRecord, decoded in stop()
+        self.streams: dict[int, str] = {}
+        self.closed = False
+        if self.mask & (EventType.KERNEL | EventType.COPY):
+            self.track_of(_current_stream())   # the stream ops launch on is "stream 0"
+
+    # -- the profiler API, filtered by the mask
+    def on(self, t: EventType) -> bool:
+        return bool(self.bits & t._value_)
+
+    def start(self, type: EventType, name: str, parent=None, track: str = "host", start_ns: int | None = None,
+              **args):
+        """Start an event if its type is active; returns its handle, or None."""
+        if not self.bits & type._value_:
+            return None
+        return self.profiler.start_event(EventDescr(type, name, parent, self.rank, track, start_ns, args))
+
+    def stop(self, handle, end_ns: int | None = None) -> None:
+        if handle is None:
+            return
+        if end_ns is not None:
+            self.profiler.record_event_state(handle, EventState.END, {"end_ns": end_ns})
+        self.profiler.stop_event(handle)
+
+    def state(self, handle, state: EventState, **args) -> None:
+        if handle is not None:
+            self.profiler.record_event_state(handle, state, args)
+
+    def span(self, type: EventType, name: str, parent, track: str, start_ns: int, end_ns: int, **args):
+        """An event that already happened (device events): start, END state, stop. Returns the handle."""
+        h = self.start(type, name, parent, track, start_ns, **args)
+        self.stop(h, end_ns)
+        return h
+
+    def track_of(self, stream) -> str:
+        """'stream N' for a CUDA stream (numbered in order of first use in this session)."""
+        key = int(getattr(stream, "cuda_stream", 0) or 0)
+        name = self.streams.get(key)
+        if name is None:
+            name = self.streams[key] = f"stream {len(self.streams)}"
+        return name
+
+    # -- lifecycle
+    def stop_session(self) -> None:
+        """Decode device data (waits for the GPU), report it, finalize the profiler. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.pending:
+                if _cuda_ready():
+                    import torch
+
+                    torch.cuda.synchronize()
+                    if self.clock is not None:
+                        self.clock.resample()
+                for p in self.pending:
+                    p.report(self)
+                self.pending.clear()
+        finally:
+            self.profiler.finalize()
+
+
+# -------------------------------------------------------------------------------------- op records
+class CopyStream:
+    """The copy-engine chunks one op call enqueued on one stream: CUDA events between chunks."""
+
+    __slots__ = ("stream", "src", "launch", "marks", "track", "open")
+
+    def __init__(self, stream, src, launch, track):
+        self.stream, self.src, self.launch, self.track = stream, src, launch, track
+        self.marks: list = []   # [(event, chunk or None)]: None = before the first chunk
+        self.open = True        # its LAUNCH (the host enqueueing the chunks) not stopped yet
+
+
+class OpCall:
+    """What an op holds during one profiled call: the call event, its launches, its copy streams."""
+
+    __slots__ = ("s", "call", "copies", "open_launch")
+
+    def __init__(self, s: Session, name: str, type: EventType, args: dict, launch: str | None = None):
+        self.s = s
+        self.call = s.start(type, name, s.groups[-1] if s.groups else None, **args)
+        self.copies: list[CopyStream] = []
+        self.open_launch = None
+        if launch is not None:  # a LAUNCH from now until end() (ops that launch one kernel)
+            h = s.start(EventType.LAUNCH, launch, self.call)
+            st = ev0 = None
+            if s.bits & _KERNEL:
+                st = _current_stream()
+                ev0 = _record_event(st)
+            self.open_launch = (h, launch, st, ev0)
+
+    # copy-engine chunks (COPY events), stream by stream
+    def copies_begin(self, stream, src: int) -> None:
+        """Before the first chunk enqueued on `stream` (pulled from rank `src`)."""
+        s = self.s
+        if not s.bits & _COPY:
+            return
+        self._copies_enqueued()
+        launch = s.start(EventType.LAUNCH, f"copies from rank {src}", self.call, src=src)
+        cs = CopyStream(stream, src, launch, s.track_of(stream))
+        cs.marks.append((_record_event(stream), None))
+        self.copies.append(cs)
+
+    def copy_done(self, stream, src: int, chunk: int, nbytes: int = 0) -> None:
+        """After chunk `chunk` (and its signal) were enqueued on `stream`."""
+        if not self.copies:
+            return
+        cs = next((c for c in reversed(self.copies) if c.stream is stream), None)
+        if cs is not None:
+            cs.marks.append((_record_event(stream), (chunk, nbytes)))
+
+    # kernel launches (LAUNCH; KERNEL from CUDA events; WAIT/TILE from the instrumented kernel)
+    def launcher(self, kernel, *, instrumented=None, tiles: int = 0, end: bool = False, stream=None):
+        """A function that launches `kernel` with the arguments it is given, as a LAUNCH event; with
+        `instrumented` (the same kernel built with profile=True, taking a last uint64 buffer of `tiles`
+        records) and WAIT/TILE active, launches that one instead and keeps the buffer for decoding.
+        `end=True`: the call ends with this launch."""
+        s = self.s
+
+        def launch(*args):
+            self._copies_enqueued()
+            name = getattr(kernel, "name", None) or getattr(kernel, "__name__", "kernel")
+            h = s.start(EventType.LAUNCH, name, self.call)
+            dev = instrumented is not None and s.bits & _TILES
+            timed = s.bits & _KERNEL
+            st = None
+            if timed or dev:
+                st = stream or _current_stream()
+            ev0 = _record_event(st) if timed else None
+            if dev:
+                import torch
+
+                from .device_timeline import TILE_WORDS
+
+                buf = torch.zeros(tiles * TILE_WORDS, dtype=torch.int64, device=args[0].device).view(torch.uint64)
+                instrumented.launch(*args, buf)
+            else:
+                buf = None
+                kernel.launch(*args)
+            ev1 = _record_event(st) if timed else None
+            s.stop(h)
+            if timed or buf is not None:
+                s.pending.append(DeviceRecord(h, name, s.track_of(st), ev0, ev1, buf))
+            if end:
+                self.end()
+
+        return launch
+
+    def _copies_enqueued(self) -> None:
+        """The host has moved on from the copies enqueued so far: their LAUNCH events end."""
+        for cs in self.copies:
+            if cs.open:
+                self.s.stop(cs.launch)
+                cs.open = False
+
+    def end(self) -> None:
+        s = self.s
+        self._copies_enqueued()
+        if self.open_launch is not None:
+            h, name, st, ev0 = self.open_launch
+            s.stop(h)
+            if ev0 is not None:
+                s.pending.append(DeviceRecord(h, name, s.track_of(st), ev0, _record_event(st), None))
+            self.open_launch = None
+        for cs in self.copies:
+            s.pending.append(CopyRecord(cs))
+        self.copies = []
+        s.stop(self.call)
+        self.call = None
+
+
+def _current_stream():
+    import torch
+
+    return torch.cuda.current_stream()
+
+
+def _record_event(stream):
+    """A timed CUDA event recorded on `stream` (read when the session ends)."""
+    import torch
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record(stream)
+    return ev
+
+
+class DeviceRecord:
+    """A launch's GPU side, decoded when the session ends: the kernel span (CUDA events, else the
+    tiles' first and last stamps) and, for instrumented kernels, one WAIT and one TILE per tile."""
+
+    __slots__ = ("launch", "name", "track", "ev0", "ev1", "buf")
+
+    def __init__(self, launch, name, track, ev0, ev1, buf):
+        self.launch, self.name, self.track, self.ev0, self.ev1, self.buf = launch, name, track, ev0, ev1, buf
+
+    def report(self, s: Session) -> None:
+        from . import device_timeline as dt
+
+        tiles = []
+        if self.buf is not None:
+            words = self.buf.view(-1)
+            if hasattr(words, "cpu"):
+                import torch
+
+                words = words.view(torch.int64).cpu().tolist()
+            tiles = dt.decode_tiles(words)
+        clock = s.clock
+        if self.ev0 is not None:
+            t0, t1 = clock.event_to_host(self.ev0), clock.event_to_host(self.ev1)
+        elif tiles:
+            t0, t1 = clock.to_host(min(t.t_start for t in tiles)), clock.to_host(max(t.t_end for t in tiles))
+        else:
+            return
+        args = {"tiles": len(tiles)} if self.buf is not None else {}
+        kern = s.span(EventType.KERNEL, self.name, self.launch, self.track, t0, t1, **args)
+        dt.report_tiles(s, kern, tiles, clock)
+
+
+class CopyRecord:
+    """One stream's copy-engine chunks of one call: COPY events between consecutive CUDA events."""
+
+    __slots__ = ("cs",)
+
+    def __init__(self, cs: CopyStream):
+        self.cs = cs
+
+    def report(self, s: Session) -> None:
+        cs, clock = self.cs, s.clock
+        prev = clock.event_to_host(cs.marks[0][0])
+        for ev, info in cs.marks[1:]:
+            t = clock.event_to_host(ev)
+            chunk, nbytes = info
+            s.span(EventType.COPY, f"chunk {chunk} from rank {cs.src}", cs.launch, cs.track, prev, max(t, prev),
+                   src=cs.src, chunk=chunk, bytes=nbytes)
+            prev = max(t, prev)
+
+
+# ------------------------------------------------------------------------------- what ops call
+def call(name: str, kind: str = "coll", *, launch: str | None = None, **args) -> OpCall | None:
+    """Start a collective (`kind="coll"`) or fused-op (`"fused"`) call event with attributes `args`;
+    None when not profiling. With `launch` (a kernel name), a LAUNCH event runs from now until
+    ``end()``. Ops call it only when ``current is not None``."""
+    s = current
+    if s is _UNSET:
+        s = _from_env()
+    if s is None:
+        return None
+    type = EventType.FUSED if kind == "fused" else EventType.COLL
+    if not s.bits & type._value_:
+        return None
+    return OpCall(s, name, type, args, launch)
+
+
+def _from_env():
+    """First op call of the process: start a session if TILESCALE_PROFILE=1, else profiling is off."""
+    global current
+    from ..env import settings
+
+    with _lock:
+        if current is not _UNSET:
+            return current
+        if not settings.profile:
+            current = None
+            return None
+        mask = EventType.parse(settings.profile_mask, "TILESCALE_PROFILE_MASK")
+        rank, ws = _rank_world()
+        current = Session(_instantiate(get_profiler()), mask, rank=rank, world_size=ws,
+                          out_dir=str(settings.profile_dir), name="TILESCALE_PROFILE")
+        atexit.register(shutdown)
+        log.info("tilescale profiler: recording %s into %s", current.mask, settings.profile_dir)
+        return current
+
+
+def shutdown(merge_timeout_s: float = 30.0) -> str | None:
+    """End the session started by TILESCALE_PROFILE=1 (also run at exit): finalize, and on rank 0 merge
+    the ranks' files into trace.json. Returns the merged file's path on rank 0."""
+    global current
+    s = current
+    if not isinstance(s, Session):
+        return None
+    current = None
+    s.stop_session()
+    return _merge_on_rank0(s, merge_timeout_s)
+
+
+def _merge_on_rank0(s: Session, timeout_s: float) -> str | None:
+    out = s.context.out_dir
+    if not out or s.rank != 0:
+        return None
+    from . import chrome_trace
+
+    if not os.path.exists(chrome_trace.rank_path(out, 0)):   # a profiler that writes no trace files
+        return None
+
+    return chrome_trace.merge_dir(out, s.world_size, timeout_s=timeout_s)
+
+
+def reset() -> None:
+    """Forget the session decision (tests): the next op call reads TILESCALE_PROFILE again. An active
+    session is stopped first."""
+    global current
+    if isinstance(current, Session):
+        current.stop_session()
+    current = _UNSET
+
+
+@contextlib.contextmanager
+def profile(out_dir: str | os.PathLike | None = None, *, mask: EventType | str | int = EventType.ALL,
+            profiler: Profiler | Callable[[], Profiler] | None = None, name: str = "tilescale",
+            rank: int | None = None, world_size: int | None = None, merge: bool = True,
+            merge_timeout_s: float = 30.0, clock=None) -> Iterator[Session]:
+    """Profile the tilescale calls made inside the block::
+
+        with tilescale.profiler.profile("prof", mask="fused,launch,copy,tile"):
+            c = op(a, b)
+
+    Events go to `profiler` (default: the registered one, else the recorder, which writes
+    ``out_dir/trace_rank<R>.json``; rank 0 then merges every rank's file into ``out_dir/trace.json``,
+    waiting up to `merge_timeout_s` for them). WAIT/TILE events come from ops built with in-kernel
+    timestamps (``AGGemm(..., profile=True)`` or ``TILESCALE_PROFILE_DEVICE=1``). Not re-entrant."""
+    global current
+    if isinstance(mask, str):
+        mask = EventType.parse(mask, "mask")
+    elif isinstance(mask, int) and not isinstance(mask, bool):
+        mask = mask if isinstance(mask, EventType) else EventType.parse(str(mask), "mask")
+    else:
+        raise TypeError(f"mask: got {type(mask).__name__} {mask!r}, expected an EventType, a name list such "
+                        "as 'coll,launch' or an int")
+    with _lock:
+        if isinstance(current, Session):
+            raise RuntimeError("tilescale.profiler.profile: a profiling session is already active (nested "
+                               "profile() blocks, or TILESCALE_PROFILE=1 with profile()); end it first")
+        r, w = _rank_world()
+        if out_dir is not None:
+            os.makedirs(out_dir, exist_ok=True)
+        s = Session(_instantiate(profiler if profiler is not None else get_profiler()), mask,
+                    rank=r if rank is None else rank, world_size=w if world_size is None else world_size,
+                    out_dir=None if out_dir is None else os.fspath(out_dir), name=name, clock=clock)
+        previous, current = current, s
+    try:
+        yield s
+    finally:
+        with _lock:
+            current = previous
+        s.stop_session()
+        if merge:
+            _merge_on_rank0(s, merge_timeout_s)
+
+
+@contextlib.contextmanager
+def group(name: str, **args) -> Iterator[Any]:
+    """A GROUP event around the calls in the block (nested groups nest). No-op when not profiling."""
+    s = current
+    if not isinstance(s, Session) or not s.mask & EventType.GROUP:
+        yield None
+        return
+    h = s.start(EventType.GROUP, name, s.groups[-1] if s.groups else None, **args)
+    s.groups.append(h)
+    try:
+        yield h
+    finally:
+        s.groups.pop()
+        s.stop(h)
+
+
+def now_ns() -> int:
+    """The host clock of every event: ``time.time_ns`` (one clock for every process of a node)."""
+    return time.time_ns()
