@@ -180,7 +180,10 @@ def compare(what, got: dict, want: dict, rank, tol: float) -> None:
 def collective_jobs(W: int, T: int, H: int, dtypes=("float32", "bfloat16"), sms: int = 132) -> list:
     """(jit kernel, args) of the tilescale kernels this program launches when tilescale is preferred:
     compiled ahead in parallel (prebuild) instead of one after the other on first use."""
-    from tilescale.ops import all_to_all, allgather, allreduce, broadcast, reduce_scatter
+    import importlib
+
+    from tilescale.ops import all_to_all, allgather, allreduce, reduce_scatter
+    broadcast = importlib.import_module("tilescale.ops.broadcast")  # the module (tilescale.ops.broadcast is the function)
     from tilescale.ops.vectors import blocks_for
 
     one, two = allreduce.allreduce_one_shot_kernel, allreduce.allreduce_two_shot_kernel

@@ -13,6 +13,9 @@ op                                  torch equivalent
 ``broadcast(t, src)``               ``dist.broadcast(t, src)``
 ==================================  ===============================================================
 
+``tilescale.ops.broadcast`` is the function; its module is ``sys.modules["tilescale.ops.broadcast"]`` (or
+``from tilescale.ops.broadcast import ...``).
+
 The classes (``AllGather``, ``AGGemm``, ``GemmRS``, ``AllReduce``, ``ReduceScatter``, ``AllToAll``,
 ``Broadcast``) own their symmetric buffers: build them once per
 shape (collective) and call them; the functions cache one per shape.

@@ -44,7 +44,8 @@ def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132
     """(jit function, args) of every kernel the collectives build for messages of `sizes` bytes (per rank;
     ReduceScatter: of the full input): AllReduce one-shot and two-shot, ReduceScatter per dtype; AllToAll
     and Broadcast move bytes (one build for all dtypes). Deduplicated."""
-    from . import all_to_all, allreduce, broadcast, reduce_scatter
+    from . import all_to_all, allreduce, reduce_scatter
+    from .broadcast import kernel_for as broadcast_kernel_for
 
     jobs = []
     for nb in sizes:
@@ -56,7 +57,7 @@ def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132
         if "all_to_all" in ops:
             jobs.append(all_to_all.kernel_for(nb, world_size, sms))
         if "broadcast" in ops:
-            jobs.append(broadcast.kernel_for(nb, world_size, sms))
+            jobs.append(broadcast_kernel_for(nb, world_size, sms))
     return list({(id(fn), args): (fn, args) for fn, args in jobs}.values())
 
 
