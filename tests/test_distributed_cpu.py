@@ -4,7 +4,7 @@
   objects wait, subgroups work, and every other public name is torch's own object;
 * use_tilescale=True (no GPU: no tilescale runtime): calls go through the plan selector; registered Python
   plans (other algorithms than gloo's) serve the calls they match, explicit plan ids and selectors take
-  precedence, unsupported calls (subgroup, max, non-contiguous, split sizes) go to torch with a debug
+  precedence, unsupported calls (subgroup, max, split sizes) go to torch with a debug
   line, and a selector that disagrees across ranks raises PlanMismatchError on every rank (no hang).
 """
 from __future__ import annotations
@@ -179,16 +179,21 @@ check("all_to_all", lambda m, o, i: m.all_to_all_single(o, i),
 check("broadcast", lambda m, t: m.broadcast(t, src=W - 1), lambda: [x.clone()], [("broadcast", "g")])
 # not served by a plan: torch.distributed, with a debug line each
 check("fallback_max", lambda m, t: m.all_reduce(t, op=m.ReduceOp.MAX), lambda: [x.clone()], [])
-check("fallback_noncontig", lambda m, t: m.all_reduce(t[:, 1]), lambda: [x.clone()], [])
+# a non-contiguous view: staged through a contiguous copy (contiguity may differ between ranks, so it
+# must not decide the route) and written back into the view
+t = x.clone(); dist.all_reduce(t[:, 1])
+want = x.clone(); want[:, 1] = sum(everyone)[:, 1]
+out["staged_noncontig"] = [same(t, want), calls[-1] == ("allreduce", "g")]
 check("fallback_size", lambda m, t: m.all_reduce(t), lambda: [data(5 + rank, 64, 8)], [])   # 2 KiB: no range
 check("fallback_dtype", lambda m, t: m.all_reduce(t), lambda: [x.double()], [])
 check("fallback_splits", lambda m, o, i: m.all_to_all_single(o, i, [3] * W, [3] * W),
       lambda: [torch.full((W * 3, 5), float("nan")), x[: W * 3].clone()], [])
 sub = dist.new_group(ranks=[0])
 t = x.clone()
+n_calls = len(calls)
 if rank == 0:
     dist.all_reduce(t, group=sub)
-out["fallback_subgroup"] = same(t, x) and calls[-1] == ("broadcast", "g")
+out["fallback_subgroup"] = same(t, x) and len(calls) == n_calls
 same_world = dist.new_group(ranks=list(range(W)))
 check("whole_world_group", lambda m, t: m.all_reduce(t, group=same_world if m is dist else None),
       lambda: [x.clone()], [("allreduce", "g")])
@@ -247,7 +252,15 @@ except ValueError as e:
 st = dist.stats()
 out["stats"] = [st["allreduce"].get("ar_gather_sum", 0) >= 4, st["allreduce"]["nccl"] >= 4,
                 st["allgather"] == {"ag": 1}, st["all_to_all"] == {"a2a": 1, "nccl": 1}]
-out["debug_lines"] = [any("NCCL (op" in m for m in dbg), any("non-contiguous" in m for m in dbg),
+# a plan that cannot get its symmetric buffers (raised on every rank): NCCL serves the call, with a warning
+from tilescale.errors import SymmetricHeapExhaustedError
+def ar_no_heap(tensor, op="sum"):
+    calls.append(("allreduce", "noheap"))
+    raise SymmetricHeapExhaustedError("symmetric heap exhausted (test)")
+t = x.clone(); dist.all_reduce(t, plan=mk(ar_no_heap, "ar_no_heap", "allreduce"))
+out["heap_exhausted_fallback"] = [same(t, sum(everyone)), calls[-1] == ("allreduce", "noheap"),
+                                  any("could not allocate its symmetric buffers" in m for m in dbg)]
+out["debug_lines"] = [any("NCCL (op" in m for m in dbg),
                       rank != 0 or any("subgroup" in m for m in dbg), any("split sizes" in m for m in dbg),
                       any("ar_gather_sum (" in m for m in dbg)]
 dist.destroy_process_group()
@@ -396,7 +409,7 @@ def test_use_tilescale_routes_through_plans_on_cpu(tmp_path):
         bad = {k: v for k, v in res.items() if not _all_true(v)}
         assert not bad, f"rank {rank}: {bad}"
         for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "fallback_max",
-                  "fallback_noncontig", "fallback_size", "fallback_dtype", "fallback_splits", "fallback_subgroup",
+                  "staged_noncontig", "heap_exhausted_fallback", "fallback_size", "fallback_dtype", "fallback_splits", "fallback_subgroup",
                   "whole_world_group", "async", "explicit", "explicit_out_of_range", "selector",
                   "explicit_over_selector", "selector_over_hint", "hint_nccl", "mismatch", "one_rank_error",
                   "after_mismatch", "bad_plan", "bad_plan_op", "stats", "debug_lines", "unregistered", "reset"):

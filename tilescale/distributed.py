@@ -36,6 +36,7 @@ import threading
 import torch
 import torch.distributed as _td
 
+from .errors import SymmetricHeapExhaustedError
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
 from .plan import selector as _selector
@@ -209,11 +210,21 @@ def _why_not(group, tensors, op=None) -> str | None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             return f"argument of type {type(t).__name__}, not a tensor"
-        if not t.is_contiguous():
-            return "non-contiguous tensor"
+    if _capturing():  # the same on every rank (they capture the same region): no agreement needed
+        return "CUDA graph capture (tilescale kernels count calls on the host; NCCL replays correctly)"
     if len({t.dtype for t in tensors}) > 1:
         return "input and output dtypes differ"
     return None
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _contiguous(t):
+    """`t`, or a contiguous copy to run the plan on (the caller copies outputs back): whether a tensor is
+    contiguous may differ between ranks, so it must not decide the route."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _route(collective: str, t, msg_bytes: int, why_not: str | None, plan, hints):
@@ -262,6 +273,11 @@ def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
         _debug(collective, f"NCCL ({plan.name} cannot serve it: {e})")
         _count(collective, "nccl")
         return False, None
+    except SymmetricHeapExhaustedError as e:  # raised on every rank (allocations are agreed): all fall back
+        log.warning("%s: NCCL (%s could not allocate its symmetric buffers: %s)", collective, plan.name,
+                    str(e).splitlines()[0])
+        _count(collective, "nccl")
+        return False, None
     _debug(collective, f"{plan.name} ({plan.id})")
     _count(collective, plan.name)
     return True, (_DoneWork(result) if async_op else None)
@@ -304,7 +320,10 @@ class _DoneWork(Work):
         return self._result
 
     def get_future(self):
-        fut = torch.futures.Future()
+        """A CUDA-aware future (like NCCL's): its ``wait()`` / ``then()`` order the consuming stream after
+        the collective."""
+        devices = sorted({t.device for t in self._result if t.is_cuda}, key=str)
+        fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         fut.set_result(self._result)
         return fut
 
@@ -319,8 +338,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, plan=None
     why = _why_not(group, [tensor], op)
     p = _route("allreduce", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        done, work = _launch("allreduce", p, async_op, [tensor], tensor, op="sum")
+        t = _contiguous(tensor)
+        done, work = _launch("allreduce", p, async_op and t is tensor, [tensor], t, op="sum")
         if done:
+            if t is not tensor:
+                tensor.copy_(t)
+                work = _DoneWork([tensor]) if async_op else None
             return work
     return _td.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
@@ -332,8 +355,12 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         why = "output size is not world_size x input size"
     p = _route("allgather", input_tensor, _nbytes(output_tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        done, work = _launch("allgather", p, async_op, [output_tensor], output_tensor, input_tensor)
+        out = _contiguous(output_tensor)
+        done, work = _launch("allgather", p, async_op and out is output_tensor, [output_tensor], out, _contiguous(input_tensor))
         if done:
+            if out is not output_tensor:
+                output_tensor.copy_(out)
+                work = _DoneWork([output_tensor]) if async_op else None
             return work
     return _td.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
@@ -346,8 +373,12 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         why = "input size is not world_size x output size"
     p = _route("reduce_scatter", input, _nbytes(input) if why is None else 0, why, plan, hints)
     if p is not None:
-        done, work = _launch("reduce_scatter", p, async_op, [output], output, input, op="sum")
+        out = _contiguous(output)
+        done, work = _launch("reduce_scatter", p, async_op and out is output, [output], out, _contiguous(input), op="sum")
         if done:
+            if out is not output:
+                output.copy_(out)
+                work = _DoneWork([output]) if async_op else None
             return work
     return _td.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
@@ -365,8 +396,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         why = "input and output sizes differ, or dim 0 is not divisible by the world size"
     p = _route("all_to_all", input, _nbytes(input) if why is None else 0, why, plan, hints)
     if p is not None:
-        done, work = _launch("all_to_all", p, async_op, [output], output, input)
+        out = _contiguous(output)
+        done, work = _launch("all_to_all", p, async_op and out is output, [output], out, _contiguous(input))
         if done:
+            if out is not output:
+                output.copy_(out)
+                work = _DoneWork([output]) if async_op else None
             return work
     return _td.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
                                  async_op=async_op)
@@ -380,8 +415,12 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, p
         why = f"src {root!r}"
     p = _route("broadcast", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        done, work = _launch("broadcast", p, async_op, [tensor], tensor, root)
+        t = _contiguous(tensor)
+        done, work = _launch("broadcast", p, async_op and t is tensor, [tensor], t, root)
         if done:
+            if t is not tensor:
+                tensor.copy_(t)
+                work = _DoneWork([tensor]) if async_op else None
             return work
     kw = {"group_src": group_src} if group_src is not None else {}
     return _td.broadcast(tensor, src=src, group=group, async_op=async_op, **kw)

@@ -312,6 +312,9 @@ def finalize() -> None:
         return
     torch.cuda.synchronize()
     symm.free_all(rt)
+    op_caches = sys.modules.get("tilescale.ops.op_cache")
+    if op_caches is not None:  # cached ops point into the heap just freed
+        op_caches.clear_all()
     for lib in rt.modules.values():
         fin = getattr(lib, "tilescale_module_finalize", None)
         if fin is not None:

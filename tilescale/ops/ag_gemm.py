@@ -21,13 +21,14 @@ Signal protocol of one call (epoch e = 1, 2, ...; buffers double-buffered by e %
    (acquire, system scope), then loads them with TMA;
 5. main stream joins the copy streams.
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
 from ..profiler import session as profiling
 from ..profiler.device_timeline import TILE_WORDS
+from . import op_cache
+from .capture import refuse_graph_capture
 from .gemm import GemmConfig, check, gemm_config
 
 
@@ -152,6 +153,7 @@ class AGGemm:
             symm.free(t)
 
     def __call__(self, a_local, b, out=None):
+        refuse_graph_capture("AGGemm")
         import ctypes
 
         import torch
@@ -198,7 +200,7 @@ class AGGemm:
         return c
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16, close_evicted=False)
 def _cached(M, N, K, dtype, world_size):
     return AGGemm(M, N, K, dtype)
 

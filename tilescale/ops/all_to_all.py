@@ -24,11 +24,12 @@ blocks, all co-resident; block (b, j) serves peer p = (rank + j) % W, j = 0 bein
 The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritten by the next call);
 ``all_to_all_single(out, ...)`` copies it into `out`.
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
+from . import op_cache
+from .capture import refuse_graph_capture
 from .reduce_scatter import PASS_CONFIGS
 from .vectors import BYTE, INDEX, SIGNAL
 
@@ -174,6 +175,9 @@ class AllToAll:
         if blocks_per_peer:
             args = (W, blocks_per_peer, threads)
         self.blocks_per_peer = args[1]
+        # derived from this GPU's SM count: ranks on GPUs of different sizes (MIG) would wait for a different
+        # number of arrivals than their peers send
+        require_same_on_all_ranks("AllToAll", blocks_per_peer=self.blocks_per_peer)
         self.out = symm.empty((self.capacity_rows, *self.shape[1:]), dtype=dtype)
         self._out_bytes = self.out.view(-1).view(torch.uint8) if self.out.numel() else \
             torch.empty(0, dtype=torch.uint8, device=self.out.device)
@@ -222,6 +226,7 @@ class AllToAll:
         self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.epoch)
 
     def __call__(self, x, out=None):
+        refuse_graph_capture("AllToAll")
         import torch
 
         from . import vectors
@@ -237,12 +242,12 @@ class AllToAll:
         return out
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16)
 def _cached(shape, dtype, world_size):
     return AllToAll(shape, dtype)
 
 
-@functools.lru_cache(maxsize=8)
+@op_cache.cached(8)
 def _cached_v(row_shape, dtype, capacity_rows, world_size):
     return AllToAll((capacity_rows, *row_shape), dtype, _capacity_rows=capacity_rows)
 

@@ -46,7 +46,6 @@ has started). ``ag(x, out=t)`` copies the result into `t` on the stream right af
 stays valid for good. Calls must not be captured in a CUDA graph (r changes every call).
 """
 import ctypes
-import functools
 import math
 import re
 
@@ -55,6 +54,8 @@ import tilescale.language as T
 from tilelang import tvm
 
 from ..profiler import session as profiling
+from . import op_cache
+from .capture import refuse_graph_capture
 from .consistency import require_same_on_all_ranks
 
 SMS_H100 = 132  # streaming multiprocessors of an H100 / H200 (SXM)
@@ -229,6 +230,7 @@ class AllGather:
             symm.free(t)
 
     def __call__(self, x, out=None):
+        refuse_graph_capture("AllGather")
         if tuple(x.shape) != self.shape or x.dtype != self.dtype:
             raise ValueError(f"x: got {tuple(x.shape)} {x.dtype}, expected {self.shape} {self.dtype} "
                              "(the shard shape this AllGather was built for)")
@@ -256,7 +258,7 @@ class AllGather:
         return out
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16, close_evicted=False)
 def _cached(shape, dtype, world_size):
     return AllGather(shape, dtype)
 

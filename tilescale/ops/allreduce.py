@@ -34,11 +34,12 @@ x and out may be the same tensor (in place): one-shot block b overwrites only th
 sent; two-shot block b overwrites chunk b of ``x[s]`` only after s has summed it (step 5), which needed
 this block's push of it.
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
+from . import op_cache
+from .capture import refuse_graph_capture
 from . import vectors
 from .vectors import SIGNAL
 from .reduce_scatter import PASS_CONFIGS, check_op, push_and_reduce
@@ -226,6 +227,7 @@ class AllReduce:
         return self._xpad, self._opad
 
     def __call__(self, x, out=None):
+        refuse_graph_capture("AllReduce")
         import torch
 
         if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
@@ -263,7 +265,7 @@ class AllReduce:
         return out
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16)
 def _cached(n, dtype, algo, world_size):
     return AllReduce((n,), dtype, algo=algo)
 

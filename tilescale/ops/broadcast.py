@@ -24,11 +24,12 @@ Each rank sends or receives the whole message once; the root's NVLink carries W 
 (a flat broadcast: on NVSwitch systems every receiver reads at full speed, but the root's links are
 shared by the W - 1 readers).
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
+from . import op_cache
+from .capture import refuse_graph_capture
 from .reduce_scatter import PASS_CONFIGS
 from .vectors import BYTE, SIGNAL
 
@@ -91,6 +92,10 @@ def kernel_for(nbytes: int, world_size: int, sms: int, threads: int = 512):
     return broadcast_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads)
 
 
+# The kernel computes byte offsets and sub-chunk counts (n + 4 MiB - 1) in int32: keep both below 2**31.
+MAX_BYTES = (1 << 31) - (8 << 20)
+
+
 class Broadcast:
     """Broadcast of a tensor of `shape` and `dtype` from rank `src` to every rank.
 
@@ -120,9 +125,10 @@ class Broadcast:
             raise ValueError(f"Broadcast: src: got {src!r}, expected a rank in 0..{W - 1}")
         self.dtype, self.src = dtype, src
         self.nbytes = vectors.numel(self.shape) * vectors.element_size(dtype)
-        if self.nbytes >= 1 << 31:
-            raise ValueError(f"Broadcast: shape: got {self.shape} {dtype} ({self.nbytes} bytes), expected less than "
-                             "2 GiB (the kernel indexes bytes with 32-bit integers)")
+        if self.nbytes > MAX_BYTES:
+            raise ValueError(f"Broadcast: shape: got {self.shape} {dtype} ({self.nbytes} bytes), expected at most "
+                             f"{MAX_BYTES} bytes (2 GiB - 8 MiB: the kernel counts bytes and sub-chunks in 32-bit "
+                             "integers)")
         fn, args = kernel_for(self.nbytes, W, vectors.sm_count(), threads)
         if blocks:
             args = (W, blocks, threads)
@@ -147,6 +153,7 @@ class Broadcast:
             symm.free(t)
 
     def __call__(self, x, out=None):
+        refuse_graph_capture("Broadcast")
         import torch
 
         from . import vectors
@@ -179,7 +186,7 @@ class Broadcast:
         return out
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16)
 def _cached(nbytes_shape, dtype, src, world_size):
     return Broadcast(nbytes_shape, dtype, src)
 

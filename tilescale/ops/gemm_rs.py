@@ -22,11 +22,12 @@ Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e 
 3. the main stream joins the side stream. The next-but-one call may overwrite ``P[e % 2]``: by then
    every peer has finished reducing epoch e (its call e + 1 started after, and we waited for it).
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
+from . import op_cache
+from .capture import refuse_graph_capture
 from .gemm import GemmConfig, check, gemm_config
 
 
@@ -152,6 +153,7 @@ class GemmRS:
             symm.free(t)
 
     def __call__(self, x, w, out=None):
+        refuse_graph_capture("GemmRS")
         import torch
 
         if tuple(x.shape) != (self.M, self.K) or tuple(w.shape) != (self.K, self.N):
@@ -171,7 +173,7 @@ class GemmRS:
         return c
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16, close_evicted=False)
 def _cached(M, N, K, dtype, world_size):
     return GemmRS(M, N, K, dtype)
 

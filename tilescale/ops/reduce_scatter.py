@@ -22,11 +22,12 @@ sends only after its call e (and its reads of ``recv[par]``) ended. No handshake
 (Measured on 2 x H200: splitting the blocks into pushers and reducers pipelined over sub-chunks was no
 faster than this, and slower for the two-shot AllReduce built on it.)
 """
-import functools
 
 import tilescale
 import tilescale.language as T
 
+from . import op_cache
+from .capture import refuse_graph_capture
 from . import vectors
 from .vectors import SIGNAL
 
@@ -163,6 +164,7 @@ class ReduceScatter:
         return self._xpad, self._opad
 
     def __call__(self, x, out=None):
+        refuse_graph_capture("ReduceScatter")
         import torch
 
         if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
@@ -199,7 +201,7 @@ class ReduceScatter:
         return out
 
 
-@functools.lru_cache(maxsize=16)
+@op_cache.cached(16)
 def _cached(n, dtype, world_size):
     return ReduceScatter((n,), dtype)
 

@@ -1,0 +1,71 @@
+"""The caches behind tilescale.ops' torch-like functions (evicted ops are closed, finalize forgets them)
+and the refusal of CUDA graph capture (CPU tier: fake ops, a faked capture state)."""
+import pytest
+import torch
+
+from tilescale.ops import capture, op_cache
+
+
+class FakeOp:
+    def __init__(self, *key):
+        self.key, self.closed = key, 0
+
+    def close(self):
+        self.closed += 1
+
+
+def test_evicted_ops_are_closed_in_lru_order():
+    built = []
+    cache = op_cache.OpCache(lambda *k: built.append(FakeOp(*k)) or built[-1], maxsize=2)
+    a, b = cache(1, "bf16"), cache(2, "bf16")
+    assert cache(1, "bf16") is a                      # a hit: a becomes the most recent
+    c = cache(3, "bf16")                              # evicts b, the least recently used
+    assert (a.closed, b.closed, c.closed) == (0, 1, 0)
+    assert len(cache) == 2 and len(built) == 3
+    assert cache(2, "bf16") is not b                  # rebuilt, and a is evicted now
+    assert a.closed == 1 and b.closed == 1
+
+
+def test_ops_whose_buffers_callers_may_hold_are_dropped_not_closed():
+    cache = op_cache.cached(1, close_evicted=False)(FakeOp)
+    first = cache("x")
+    cache("y")
+    assert first.closed == 0 and len(cache) == 1
+
+
+def test_clear_all_forgets_every_cache_without_closing():
+    cache = op_cache.cached(4)(FakeOp)
+    op = cache("z")
+    op_cache.clear_all()
+    assert len(cache) == 0 and op.closed == 0
+    assert cache("z") is not op
+
+
+def test_collective_functions_use_closing_caches():
+    import importlib
+
+    for mod, names in (("allreduce", ["_cached"]), ("reduce_scatter", ["_cached"]), ("broadcast", ["_cached"]),
+                       ("all_to_all", ["_cached", "_cached_v"])):
+        m = importlib.import_module(f"tilescale.ops.{mod}")
+        for n in names:
+            c = getattr(m, n)
+            assert isinstance(c, op_cache.OpCache) and c.close_evicted, f"{mod}.{n}"
+    ag = importlib.import_module("tilescale.ops.allgather")
+    assert isinstance(ag._cached, op_cache.OpCache) and not ag._cached.close_evicted
+
+
+def test_graph_capture_is_refused_with_the_op_name(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"AllReduce: called during CUDA graph capture"):
+        capture.refuse_graph_capture("AllReduce")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+    capture.refuse_graph_capture("AllReduce")     # not capturing: nothing raised
+
+
+def test_distributed_sends_captured_calls_to_nccl(monkeypatch):
+    import tilescale.distributed as dist
+
+    t = torch.ones(4)
+    assert dist._why_not(None, [t]) is None
+    monkeypatch.setattr(dist, "_capturing", lambda: True)
+    assert "CUDA graph capture" in dist._why_not(None, [t])
