@@ -1,0 +1,27 @@
+"""The debug-mode waits must not slow the GEMM down: any call (or printf) in a kernel makes ptxas serialise
+its wgmma pipeline (warning C7510), which cost the AG+GEMM GEMM up to a quarter of its speed on H200 while
+TILESCALE_WAIT_TIMEOUT_S was on. Builds AG+GEMM with a wait timeout and checks ptxas's verbose report.
+tilelang's build does not capture nvcc's output, so the build runs in a child process whose stderr is read."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+BUILD = textwrap.dedent("""
+    import tilescale
+    from tilescale.ops.ag_gemm import ag_gemm_kernel, kernel_args
+    pf = ag_gemm_kernel.get_tir(*kernel_args(2048, 2048, 1024, 2, "bfloat16"))
+    tilescale.build(pf, compile_flags=["-Xptxas=-v"], wait_timeout_s=30)
+""")
+
+
+def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm():
+    r = subprocess.run([sys.executable, "-c", BUILD], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "Compiling entry function 'ag_gemm_kernel'" in r.stdout, "ptxas -v output not seen:\n" + r.stdout[-2000:]
+    assert "C7510" not in r.stdout, "the wgmma pipeline is serialised:\n" + \
+        "\n".join(ln for ln in r.stdout.splitlines() if "C75" in ln or "stack frame" in ln)
+    assert "0 bytes stack frame" in r.stdout   # no call left behind in the kernel
