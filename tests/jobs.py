@@ -109,13 +109,21 @@ class Job:
             return "".join(self._lines)
 
     def wait_for(self, pattern: str, count: int = 1, timeout: float = 300) -> list[str]:
-        """The first `count` lines matching `pattern`, once that many have appeared; raises
-        AssertionError (with the output) on timeout or if the job ends first."""
+        """The first `count` matches of `pattern` in the output, each with the rest of its line (up to the
+        next match), once that many have appeared; raises AssertionError (with the output) on timeout or if
+        the job ends first. Matches are counted in the whole output, not per line: ranks print
+        concurrently, and print() writes a message and its newline separately, so two ranks' messages can
+        share a line."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         with self._cv:
             while True:
-                hits = [ln for ln in self._lines if rx.search(ln)]
+                text = "".join(self._lines)
+                starts = [m.start() for m in rx.finditer(text)]
+                hits = []
+                for i, a in enumerate(starts):
+                    end = starts[i + 1] if i + 1 < len(starts) else len(text)
+                    hits.append(text[a:end].split("\n", 1)[0])
                 if len(hits) >= count:
                     return hits[:count]
                 left = deadline - time.monotonic()
