@@ -33,7 +33,7 @@ def run(info, args):
 
     W, rank = info.world_size, info.rank
     jobs = prebuild.allgather_jobs(W, "bfloat16") + (sweep_jobs(W) if args.sweep else [])
-    prebuild.on_local_rank0(list({a: (f, a) for f, a in jobs}.values()))
+    prebuild.on_local_rank0(jobs)   # on_local_rank0 drops repeats
     sizes = [1 << k for k in range(10, 29, args.step)]  # 1 KiB .. 256 MiB
     rows = []
     for nbytes in sizes:

@@ -5,7 +5,8 @@ import ctypes
 from pathlib import Path
 
 from tilescale.ops import allgather
-from tilescale.ops.allgather import argtypes_for, call_signature, default_blocks_per_peer
+from tilescale.ops.allgather import default_blocks_per_peer
+from tilescale.ops.direct_launch import argtypes_for, call_signature
 
 NAMES = ("x", "out", "arrived", "round_no", "n")
 

@@ -222,9 +222,20 @@ def _capturing() -> bool:
 
 
 def _contiguous(t):
-    """`t`, or a contiguous copy to run the plan on (the caller copies outputs back): whether a tensor is
-    contiguous may differ between ranks, so it must not decide the route."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _run_staged(collective: str, plan, async_op: bool, out, *args, **kwargs):
+    """:func:`_launch` of `plan` on ``(out, *args)``, with non-contiguous tensors staged through contiguous
+    copies and `out` written back (whether a tensor is contiguous may differ between ranks, so it must not
+    decide the route); the work object covers the write-back."""
+    o = _contiguous(out)
+    args = tuple(_contiguous(a) if isinstance(a, torch.Tensor) else a for a in args)
+    done, work = _launch(collective, plan, async_op and o is out, [out], o, *args, **kwargs)
+    if done and o is not out:
+        out.copy_(o)
+        work = _DoneWork([out]) if async_op else None
+    return done, work
 
 
 def _route(collective: str, t, msg_bytes: int, why_not: str | None, plan, hints):
@@ -338,12 +349,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, plan=None
     why = _why_not(group, [tensor], op)
     p = _route("allreduce", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        t = _contiguous(tensor)
-        done, work = _launch("allreduce", p, async_op and t is tensor, [tensor], t, op="sum")
+        done, work = _run_staged("allreduce", p, async_op, tensor, op="sum")
         if done:
-            if t is not tensor:
-                tensor.copy_(t)
-                work = _DoneWork([tensor]) if async_op else None
             return work
     return _td.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
@@ -355,12 +362,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         why = "output size is not world_size x input size"
     p = _route("allgather", input_tensor, _nbytes(output_tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        out = _contiguous(output_tensor)
-        done, work = _launch("allgather", p, async_op and out is output_tensor, [output_tensor], out, _contiguous(input_tensor))
+        done, work = _run_staged("allgather", p, async_op, output_tensor, input_tensor)
         if done:
-            if out is not output_tensor:
-                output_tensor.copy_(out)
-                work = _DoneWork([output_tensor]) if async_op else None
             return work
     return _td.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
@@ -373,12 +376,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         why = "input size is not world_size x output size"
     p = _route("reduce_scatter", input, _nbytes(input) if why is None else 0, why, plan, hints)
     if p is not None:
-        out = _contiguous(output)
-        done, work = _launch("reduce_scatter", p, async_op and out is output, [output], out, _contiguous(input), op="sum")
+        done, work = _run_staged("reduce_scatter", p, async_op, output, input, op="sum")
         if done:
-            if out is not output:
-                output.copy_(out)
-                work = _DoneWork([output]) if async_op else None
             return work
     return _td.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
@@ -396,12 +395,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         why = "input and output sizes differ, or dim 0 is not divisible by the world size"
     p = _route("all_to_all", input, _nbytes(input) if why is None else 0, why, plan, hints)
     if p is not None:
-        out = _contiguous(output)
-        done, work = _launch("all_to_all", p, async_op and out is output, [output], out, _contiguous(input))
+        done, work = _run_staged("all_to_all", p, async_op, output, input)
         if done:
-            if out is not output:
-                output.copy_(out)
-                work = _DoneWork([output]) if async_op else None
             return work
     return _td.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
                                  async_op=async_op)
@@ -415,12 +410,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, p
         why = f"src {root!r}"
     p = _route("broadcast", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
     if p is not None:
-        t = _contiguous(tensor)
-        done, work = _launch("broadcast", p, async_op and t is tensor, [tensor], t, root)
+        done, work = _run_staged("broadcast", p, async_op, tensor, root)
         if done:
-            if t is not tensor:
-                tensor.copy_(t)
-                work = _DoneWork([tensor]) if async_op else None
             return work
     kw = {"group_src": group_src} if group_src is not None else {}
     return _td.broadcast(tensor, src=src, group=group, async_op=async_op, **kw)

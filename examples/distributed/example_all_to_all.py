@@ -12,6 +12,7 @@ a peer, and a rank receiving nothing at all). Protocol: tilescale/ops/all_to_all
 import argparse
 
 from tilescale import testing
+from tilescale.ops import prebuild as pb
 from tilescale.ops.all_to_all import AllToAll, all_to_all_kernel, all_to_all_single
 
 try:
@@ -124,12 +125,11 @@ def jobs(world_size: int, sms: int = 132) -> list:
             out.append(all_to_all.kernel_for(world_size * 40 * cols * esize, world_size, sms))
             for cap in (1, 2, 4, 8, 16, 32, 64):
                 out.append(all_to_all.kernel_for(cap * cols * esize, world_size, sms))
-    return list({(id(fn), a): (fn, a) for fn, a in out}.values())
+    return pb.unique(out)
 
 
 def prebuild(world_size: int) -> None:
     """Compile every kernel of this example in parallel on local rank 0; the other ranks load them."""
-    from tilescale.ops import prebuild as pb
     from tilescale.ops.vectors import sm_count
 
     pb.on_local_rank0(jobs(world_size, sm_count()))

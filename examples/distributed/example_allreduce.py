@@ -13,6 +13,7 @@ import argparse
 
 import tilescale
 from tilescale import testing
+from tilescale.ops import prebuild as pb
 from tilescale.ops.allreduce import allreduce_one_shot_kernel, allreduce_two_shot_kernel
 
 try:
@@ -101,12 +102,11 @@ def jobs(world_size: int, sms: int = 132) -> list:
         for n in (*SIZES, 4 * 999):
             nb = n * esize
             out += [allreduce.kernel_for(a, nb, world_size, name, sms) for a in ("one_shot", "two_shot")]
-    return list({(id(fn), a): (fn, a) for fn, a in out}.values())
+    return pb.unique(out)
 
 
 def prebuild(world_size: int) -> None:
     """Compile every kernel of this example in parallel on local rank 0; the other ranks load them."""
-    from tilescale.ops import prebuild as pb
     from tilescale.ops.vectors import sm_count
 
     pb.on_local_rank0(jobs(world_size, sm_count()))

@@ -11,6 +11,7 @@ against NCCL. Protocol: tilescale/ops/broadcast.py.
 import argparse
 
 from tilescale import testing
+from tilescale.ops import prebuild as pb
 from tilescale.ops.broadcast import Broadcast, broadcast, broadcast_kernel
 
 try:
@@ -81,12 +82,11 @@ def jobs(world_size: int, sms: int = 132) -> list:
     b = importlib.import_module("tilescale.ops.broadcast")  # the module (tilescale.ops.broadcast is the function)
 
     out = [b.kernel_for(n * esize, world_size, sms) for n in (*SIZES, 64 * 33) for esize in (2, 4)]
-    return list({(id(fn), a): (fn, a) for fn, a in out}.values())
+    return pb.unique(out)
 
 
 def prebuild(world_size: int) -> None:
     """Compile every kernel of this example in parallel on local rank 0; the other ranks load them."""
-    from tilescale.ops import prebuild as pb
     from tilescale.ops.vectors import sm_count
 
     pb.on_local_rank0(jobs(world_size, sm_count()))

@@ -11,6 +11,7 @@ order, rounded once) and against NCCL within the dtype's tolerance. Protocol: ti
 import argparse
 
 from tilescale import testing
+from tilescale.ops import prebuild as pb
 from tilescale.ops.reduce_scatter import ReduceScatter, reduce_scatter_kernel, reduce_scatter_tensor
 
 try:
@@ -95,12 +96,11 @@ def jobs(world_size: int, sms: int = 132) -> list:
         esize = 4 if name == "float32" else 2
         for shape in (*shapes(world_size), (world_size * 16, 24)):
             out.append(reduce_scatter.kernel_for(math.prod(shape) * esize, world_size, name, sms))
-    return list({(id(fn), a): (fn, a) for fn, a in out}.values())
+    return pb.unique(out)
 
 
 def prebuild(world_size: int) -> None:
     """Compile every kernel of this example in parallel on local rank 0; the other ranks load them."""
-    from tilescale.ops import prebuild as pb
     from tilescale.ops.vectors import sm_count
 
     pb.on_local_rank0(jobs(world_size, sm_count()))

@@ -182,7 +182,7 @@ def collective_jobs(W: int, T: int, H: int, dtypes=("float32", "bfloat16"), sms:
     compiled ahead in parallel (prebuild) instead of one after the other on first use."""
     import importlib
 
-    from tilescale.ops import all_to_all, allgather, allreduce, reduce_scatter
+    from tilescale.ops import all_to_all, allgather, allreduce, prebuild, reduce_scatter
     broadcast = importlib.import_module("tilescale.ops.broadcast")  # the module (tilescale.ops.broadcast is the function)
     from tilescale.ops.vectors import blocks_for
 
@@ -203,11 +203,7 @@ def collective_jobs(W: int, T: int, H: int, dtypes=("float32", "bfloat16"), sms:
     nb = 64 * H * 4                                         # broadcast and all_to_all of 64 x H floats
     jobs.append((broadcast.broadcast_kernel, (W, blocks_for(nb, broadcast.BLOCKS, sms))))
     jobs.append((all_to_all.all_to_all_kernel, (W, all_to_all.blocks_per_peer_for(nb, W, sms))))
-    unique = []
-    for j in jobs:
-        if not any(j[0] is u[0] and j[1] == u[1] for u in unique):
-            unique.append(j)
-    return unique
+    return prebuild.unique(jobs)
 
 
 def run(rank: int, W: int, T: int, H: int, Fdim: int, device) -> None:

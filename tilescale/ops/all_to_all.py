@@ -30,6 +30,7 @@ import tilescale.language as T
 
 from . import op_cache
 from .capture import refuse_graph_capture
+from .direct_launch import direct_entry
 from .reduce_scatter import PASS_CONFIGS
 from .vectors import BYTE, INDEX, SIGNAL
 
@@ -186,7 +187,7 @@ class AllToAll:
         self.epoch = 0
         self.kernel = fn(*args)
         self.kernel.prepare()
-        self._direct = vectors.direct_launcher(self.kernel, ("x", "out", "meta", "ready", "arrived", "epoch", "n_in",
+        self._direct = direct_entry(self.kernel, ("x", "out", "meta", "ready", "arrived", "epoch", "n_in",
                                                              "n_out"))
         self._stream = vectors.stream_getter()
         self._size = torch.Size(self.shape)

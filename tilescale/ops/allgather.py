@@ -45,9 +45,7 @@ next call leaves it alone, but peers may overwrite it in the call after next as 
 has started). ``ag(x, out=t)`` copies the result into `t` on the stream right after the kernel, so `t`
 stays valid for good. Calls must not be captured in a CUDA graph (r changes every call).
 """
-import ctypes
 import math
-import re
 
 import tilescale
 import tilescale.language as T
@@ -57,6 +55,8 @@ from ..profiler import session as profiling
 from . import op_cache
 from .capture import refuse_graph_capture
 from .consistency import require_same_on_all_ranks
+from .direct_launch import direct_entry
+from .vectors import stream_getter
 
 SMS_H100 = 132  # streaming multiprocessors of an H100 / H200 (SXM)
 
@@ -97,70 +97,6 @@ def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat
                 T.sync_threads()
 
     return allgather
-
-
-# ----------------------------------------------------------------------------------- launch path
-_C_TYPES = {"uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64, "int": ctypes.c_int, "int32_t": ctypes.c_int32}
-
-
-def call_signature(host_source: str) -> list[tuple[str, str]] | None:
-    """(C type, name) of each parameter of the host entry point ``call`` in a tilelang host wrapper, or
-    None when there is no such function."""
-    m = re.search(r"\bint\s+call\s*\(([^)]*)\)", host_source)
-    if m is None:
-        return None
-    params = []
-    for p in m.group(1).split(","):
-        p = p.split("=")[0].replace("__restrict__", " ").strip()
-        if not p:
-            continue
-        typ, _, name = p.rpartition(" ") if "*" not in p else p.rpartition("*")
-        params.append(((typ.strip() + ("*" if "*" in p else "")).strip(), name.strip()))
-    return params
-
-
-def argtypes_for(signature, names) -> list | None:
-    """ctypes argument types for `signature` (from :func:`call_signature`) if its parameters are exactly
-    `names` followed by the stream, and each type is a pointer or a known integer; else None."""
-    if signature is None or [n for _, n in signature] != [*names, "stream"]:
-        return None
-    out = []
-    for typ, _ in signature:
-        if typ.endswith("*") or typ == "cudaStream_t":
-            out.append(ctypes.c_void_p)
-        elif typ in _C_TYPES:
-            out.append(_C_TYPES[typ])
-        else:
-            return None
-    return out
-
-
-def direct_entry(kernel, names):
-    """The C entry point of a compiled kernel's library, callable with raw pointers and ints (one ctypes
-    call instead of tilelang's generic per-argument handling, which costs microseconds per launch), when
-    its signature is `names` + stream; else None (the caller then launches through ``kernel.launch``)."""
-    try:
-        src = kernel.kernel.get_host_source()
-        lib = kernel.library
-    except Exception:  # noqa: BLE001
-        return None
-    types = argtypes_for(call_signature(src or ""), names)
-    if types is None or not isinstance(lib, ctypes.CDLL):
-        return None
-    fn = lib["call"]  # a new function object: tilelang's own `lib.call` keeps its settings
-    fn.argtypes, fn.restype = types, ctypes.c_int
-    err = lib["get_last_error"]
-    err.argtypes, err.restype = [], ctypes.c_char_p
-    return fn, err
-
-
-def _raw_stream_getter(device_index: int):
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return lambda: raw(device_index)
-    return lambda: torch.cuda.current_stream().cuda_stream
 
 
 class AllGather:
@@ -210,7 +146,7 @@ class AllGather:
         self._direct = direct_entry(self.kernel, ("x", "out", "arrived", "round_no", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
         self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived)]
-        self._stream = _raw_stream_getter(rt.device.index if rt.device.index is not None else torch.cuda.current_device())
+        self._stream = stream_getter(rt.device.index if rt.device.index is not None else torch.cuda.current_device())
 
     @property
     def out(self):

@@ -40,6 +40,7 @@ import tilescale.language as T
 
 from . import op_cache
 from .capture import refuse_graph_capture
+from .direct_launch import direct_entry
 from . import vectors
 from .vectors import SIGNAL
 from .reduce_scatter import PASS_CONFIGS, check_op, push_and_reduce
@@ -203,7 +204,7 @@ class AllReduce:
         self.kernel.prepare()
         names = ("x", "out", "recv", "flags", "epoch", "nv") if algo == "one_shot" else \
             ("x", "out", "recv", "red", "flags", "epoch", "sv")
-        self._direct = vectors.direct_launcher(self.kernel, names)
+        self._direct = direct_entry(self.kernel, names)
         self._bufs = tuple(t.data_ptr() for t in (self.recv, self.red, self.flags) if t is not None)
         self._dim = self.nv if algo == "one_shot" else self.nv // W
         self._stream = vectors.stream_getter()
@@ -273,17 +274,12 @@ def _cached(n, dtype, algo, world_size):
 def all_reduce(tensor, *, op="sum", algo="auto"):
     """``torch.distributed.all_reduce(tensor)`` (sum), in place: `tensor` receives the sum over ranks and
     is returned. One :class:`AllReduce` per (numel, dtype, algo) is built on first use and cached."""
-    import torch
-
     from .. import runtime
 
     check_op("all_reduce", op)
     if algo not in ALGOS:
         raise ValueError(f"all_reduce: algo: got {algo!r}, expected one of {', '.join(map(repr, ALGOS))}")
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-        raise ValueError(f"all_reduce: tensor: got {type(tensor).__name__}"
-                         f"{' on ' + str(tensor.device) if isinstance(tensor, torch.Tensor) else ''}, "
-                         "expected a CUDA tensor")
+    vectors.check_cuda_tensor("all_reduce", "tensor", tensor)
     vectors.check_dtype("all_reduce", tensor.dtype, "tensor")
     ar = _cached(tensor.numel(), tensor.dtype, algo, runtime.current().info.world_size)
     if tensor.is_contiguous():

@@ -30,6 +30,7 @@ import tilescale.language as T
 
 from . import op_cache
 from .capture import refuse_graph_capture
+from .direct_launch import direct_entry
 from .reduce_scatter import PASS_CONFIGS
 from .vectors import BYTE, SIGNAL
 
@@ -139,7 +140,7 @@ class Broadcast:
         self.epoch = 0
         self.kernel = fn(*args)
         self.kernel.prepare()
-        self._direct = vectors.direct_launcher(self.kernel, ("x", "out", "stage", "ready", "done", "root", "epoch",
+        self._direct = direct_entry(self.kernel, ("x", "out", "stage", "ready", "done", "root", "epoch",
                                                              "epoch_old", "n", "n_stage"))
         self._bufs = (self.stage.data_ptr(), self.ready.data_ptr(), self.done.data_ptr(), src)
         self._stream = vectors.stream_getter()
@@ -194,14 +195,10 @@ def _cached(nbytes_shape, dtype, src, world_size):
 def broadcast(tensor, src: int):
     """``torch.distributed.broadcast(tensor, src)``: every rank's `tensor` receives rank `src`'s, in
     place; returns `tensor`. One :class:`Broadcast` per (numel, dtype, src) is built on first use."""
-    import torch
-
     from .. import runtime
+    from . import vectors
 
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-        raise ValueError(f"broadcast: tensor: got {type(tensor).__name__}"
-                         f"{' on ' + str(tensor.device) if isinstance(tensor, torch.Tensor) else ''}, "
-                         "expected a CUDA tensor")
+    vectors.check_cuda_tensor("broadcast", "tensor", tensor)
     if isinstance(src, bool) or not isinstance(src, int) or src < 0:
         raise ValueError(f"broadcast: src: got {src!r}, expected a rank (int >= 0)")
     W = runtime.current().info.world_size

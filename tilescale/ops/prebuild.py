@@ -9,6 +9,11 @@ import os
 import time
 
 
+def unique(jobs) -> list:
+    """`jobs` without repeats of the same (jit function, args), in order."""
+    return list({(id(fn), args): (fn, args) for fn, args in jobs}.values())
+
+
 def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
     """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes."""
     from .ag_gemm import ag_gemm_kernel, kernel_args
@@ -58,12 +63,13 @@ def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132
             jobs.append(all_to_all.kernel_for(nb, world_size, sms))
         if "broadcast" in ops:
             jobs.append(broadcast_kernel_for(nb, world_size, sms))
-    return list({(id(fn), args): (fn, args) for fn, args in jobs}.values())
+    return unique(jobs)
 
 
 def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:
     """Compile (and load) every job in a thread pool; returns the seconds it took."""
     t0 = time.time()
+    jobs = unique(jobs)   # a kernel listed twice would be elaborated and compiled twice
     workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2, 32))
 
     tirs = [(fn, fn.get_tir(*args), args) for fn, args in jobs]  # elaborate in this thread

@@ -28,6 +28,7 @@ import tilescale.language as T
 
 from . import op_cache
 from .capture import refuse_graph_capture
+from .direct_launch import direct_entry
 from . import vectors
 from .vectors import SIGNAL
 
@@ -142,7 +143,7 @@ class ReduceScatter:
         self._xpad = self._opad = None
         self.kernel = fn(*args)
         self.kernel.prepare()
-        self._direct = vectors.direct_launcher(self.kernel, ("x", "out", "recv", "flags", "epoch", "sv"))
+        self._direct = direct_entry(self.kernel, ("x", "out", "recv", "flags", "epoch", "sv"))
         self._bufs = (self.recv.data_ptr(), self.flags.data_ptr())
         self._stream = vectors.stream_getter()
         self._size, self._out_size = torch.Size(self.shape), torch.Size(self.out_shape)
@@ -210,16 +211,11 @@ def reduce_scatter_tensor(output, input, *, op="sum"):  # noqa: A002  (torch's a
     """``torch.distributed.reduce_scatter_tensor(output, input)`` with op "sum": `input` holds W equal
     slices (``input.numel() == W * output.numel()``); this rank's slice of the sum lands in `output`,
     which is returned."""
-    import torch
-
     from .. import runtime
 
     check_op("reduce_scatter_tensor", op)
     for name, t in (("output", output), ("input", input)):
-        if not isinstance(t, torch.Tensor) or not t.is_cuda:
-            raise ValueError(f"reduce_scatter_tensor: {name}: got {type(t).__name__}"
-                             f"{'' if not isinstance(t, torch.Tensor) else ' on ' + str(t.device)}, "
-                             "expected a CUDA tensor")
+        vectors.check_cuda_tensor("reduce_scatter_tensor", name, t)
     W = runtime.current().info.world_size
     vectors.check_dtype("reduce_scatter_tensor", input.dtype, "input")
     if output.dtype != input.dtype:

@@ -75,6 +75,15 @@ def vector_view(t, shape: tuple):
     return None
 
 
+def check_cuda_tensor(op: str, arg: str, t) -> None:
+    """ValueError unless `t` is a CUDA tensor (the check of the torch-like functions' arguments)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        raise ValueError(f"{op}: {arg}: got {type(t).__name__}"
+                         f"{' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}, expected a CUDA tensor")
+
+
 def check_tensor(op: str, arg: str, t, shape: tuple, dtype) -> None:
     """ValueError unless `t` is a CUDA tensor of `shape` and `dtype`."""
     import torch
@@ -104,24 +113,13 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def direct_launcher(kernel, names):
-    """``(entry, last_error)``: the C entry point of a compiled kernel, called with raw pointers and ints
-    in the order of `names` then the stream (one ctypes call, microseconds cheaper than tilelang's generic
-    launch; see ``tilescale.ops.allgather.direct_entry``), or None when the library does not expose it
-    that way: the caller then launches through ``kernel.launch``."""
-    try:
-        from .allgather import direct_entry
-    except ImportError:
-        return None
-    return direct_entry(kernel, names)
-
-
-def stream_getter():
-    """A function returning the current CUDA stream of this device as a raw handle (an int), cheaply."""
+def stream_getter(device_index: int | None = None):
+    """A function returning the current CUDA stream of device `device_index` (default: the current device)
+    as a raw handle (an int), cheaply."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    dev = torch.cuda.current_device()
+    dev = torch.cuda.current_device() if device_index is None else device_index
     if raw is not None:
         return lambda: raw(dev)
     return lambda: torch.cuda.current_stream().cuda_stream
