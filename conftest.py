@@ -1,7 +1,9 @@
 """Repository-wide pytest setup.
 
-* ``gpu`` / ``multigpu`` tests are skipped, with the reason, when torch sees fewer GPUs than they need
-  (each such test also checks for itself; this hook makes the CPU tier safe to run anywhere).
+* ``gpu`` / ``multigpu`` tests are skipped, with the reason, when torch sees no GPU (each such test also
+  checks for itself; this hook makes the CPU tier safe to run anywhere). With fewer GPUs than ranks a
+  multigpu test runs with ranks sharing GPUs (``tilescale.testing.launch``). ``--ranks 2,4`` selects
+  the gpu / multigpu tests by world size.
 * A run in which no test passed but some were skipped is a failure: a CI that skips everything has
   checked nothing.
 * Device-side waits of kernels built by the tests are bounded (``TILESCALE_WAIT_TIMEOUT_S=30``) unless
@@ -40,17 +42,38 @@ def _gpu_count() -> int:
         return 0
 
 
+def pytest_addoption(parser):
+    parser.addoption("--ranks", default="", metavar="N[,N...]",
+                     help="run only the gpu / multigpu tests of these world sizes (1 = the one-GPU tests; a "
+                          "multigpu test's size is its `nranks` parameter, else 2); the GPU tier runs each size "
+                          "as a part of its own")
+
+
+def world_size_of(item) -> int:
+    """The number of ranks a gpu / multigpu test starts: 1 for `gpu`, else its `nranks` parameter (default 2)."""
+    if "multigpu" not in item.keywords:
+        return 1
+    callspec = getattr(item, "callspec", None)
+    return int(callspec.params.get("nranks", 2)) if callspec is not None else 2
+
+
 def pytest_collection_modifyitems(config, items):
-    needs = [(item, 2 if "multigpu" in item.keywords else 1) for item in items
-             if "gpu" in item.keywords or "multigpu" in item.keywords]
+    needs = [item for item in items if "gpu" in item.keywords or "multigpu" in item.keywords]
     if not needs:
         return
+    wanted = {int(x) for x in config.getoption("--ranks").replace(",", " ").split()}
+    if wanted:
+        keep = [i for i in items if not ("gpu" in i.keywords or "multigpu" in i.keywords) or world_size_of(i) in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+        needs = [i for i in needs if i in keep]
     found = _gpu_count()
-    for item, n in needs:
-        if found < n:
-            marker = "multigpu" if n > 1 else "gpu"
+    if found == 0:  # multi-rank tests share GPUs when there are fewer than ranks (tilescale.testing.launch)
+        for item in needs:
+            marker = "multigpu" if "multigpu" in item.keywords else "gpu"
             item.add_marker(pytest.mark.skip(
-                reason=f"'{marker}' test needs at least {n} CUDA GPU(s); torch sees {found}"))
+                reason=f"'{marker}' test needs a CUDA GPU ({world_size_of(item)} rank(s), which may share it); "
+                       "torch sees none"))
 
 
 # ------------------------------------------------------------------ "everything skipped" is a failure

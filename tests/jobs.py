@@ -85,6 +85,8 @@ class Job:
         e = dict(os.environ)
         e.update({"GPUS": str(gpus), "PORT": str(testing.free_port()), "TILESCALE_SKIP_DOCTOR": "1",
                   "PYTHONUNBUFFERED": "1"})
+        if testing.shared_gpus(gpus):   # fewer GPUs than ranks: the ranks share them
+            e["TILESCALE_RANKS_PER_GPU"] = str(testing.ranks_per_gpu_for(gpus))
         e.update(env or {})
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(["bash", str(LAUNCH_SH), str(script), *args], stdout=subprocess.PIPE,

@@ -50,16 +50,48 @@ def test_env_default():
 def test_gpu_tests_are_skipped_with_a_reason(tmp_path):
     from tilescale import testing
 
-    if testing.gpu_count() >= 2:
+    if testing.gpu_count() >= 1:
         import pytest
 
-        pytest.skip("this machine has GPUs")
+        pytest.skip("this machine has a GPU")
     r = _pytest(tmp_path, SAMPLE)
     assert r.returncode == 0, r.stdout
     assert "2 passed, 2 skipped" in r.stdout, r.stdout
-    assert "'multigpu' test needs at least 2 CUDA GPU(s)" in r.stdout
-    if testing.gpu_count() == 0:
-        assert "'gpu' test needs at least 1 CUDA GPU(s); torch sees 0" in r.stdout
+    assert "'multigpu' test needs a CUDA GPU (2 rank(s), which may share it); torch sees none" in r.stdout
+    assert "'gpu' test needs a CUDA GPU (1 rank(s), which may share it); torch sees none" in r.stdout
+
+
+RANKED = """
+import pytest
+
+@pytest.mark.gpu
+def test_one():
+    pass
+
+@pytest.mark.multigpu
+def test_fixed_two():
+    pass
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_sized(nranks):
+    pass
+
+def test_cpu():
+    pass
+"""
+
+
+def test_ranks_option_selects_gpu_tests_by_world_size(tmp_path):
+    """`--ranks 4` keeps the 4-rank cases (and every CPU test); `--ranks 1,2` the one-GPU and 2-rank ones."""
+    r = _pytest(tmp_path, RANKED, "--co", "--ranks", "4")
+    assert "test_sized[4]" in r.stdout and "test_sized[2]" not in r.stdout, r.stdout
+    assert "test_fixed_two" not in r.stdout and "test_one" not in r.stdout and "test_cpu" in r.stdout, r.stdout
+    assert "3 deselected" in r.stdout, r.stdout
+    r = _pytest(tmp_path, RANKED, "--co", "--ranks", "1,2")
+    for name in ("test_one", "test_fixed_two", "test_sized[2]", "test_cpu"):
+        assert name in r.stdout, r.stdout
+    assert "test_sized[4]" not in r.stdout, r.stdout
 
 
 def test_a_run_where_everything_is_skipped_fails(tmp_path):

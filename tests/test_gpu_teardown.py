@@ -12,19 +12,18 @@ import jobs
 from tilescale import testing
 
 MAIN = Path(__file__).resolve().parent / "gpu" / "teardown_main.py"
-RANKS = 2
+SIZES = [2, 4]   # ranks per job (sharing GPUs where there are fewer)
 
 
 def need(n):
-    if testing.gpu_count() < n:
-        pytest.skip(f"needs {n} GPUs, found {testing.gpu_count()}")
+    testing.skip_unless_ranks(n)   # fewer GPUs than ranks: the ranks share GPUs
 
 
-def start(mode: str, **env) -> tuple:
+def start(mode: str, nranks: int, **env) -> tuple:
     """The job, once every rank has printed RUNNING, and every pid it had then (ranks, torchrun, launch.sh)."""
-    job = jobs.Job(MAIN, mode, gpus=RANKS, env=env)
+    job = jobs.Job(MAIN, mode, gpus=nranks, env=env)
     try:
-        lines = job.wait_for(r"\[rank \d+\] RUNNING pid=", RANKS, timeout=400)   # first run: compiles
+        lines = job.wait_for(r"\[rank \d+\] RUNNING pid=", nranks, timeout=400)   # first run: compiles
     except AssertionError:
         job.kill()
         raise
@@ -50,40 +49,43 @@ def assert_no_teardown_errors(out: str) -> None:
 
 
 @pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", SIZES)
 @pytest.mark.parametrize("mode", ["normal", "atexit"])
-def test_normal_exit_is_clean(mode):
+def test_normal_exit_is_clean(mode, nranks):
     """example_main's finalize, or tilescale's at-exit hook: exit 0, symmetric memory freed without a word."""
-    need(RANKS)
-    job, pids = start(mode)
+    need(nranks)
+    job, pids = start(mode, nranks)
     rc = finish(job, pids, timeout=120)
     out = job.output
     assert rc == 0, out[-5000:]
-    assert out.count(f"OK: {mode} exit") == RANKS, out[-5000:]
+    assert out.count(f"OK: {mode} exit") == nranks, out[-5000:]
     assert "Traceback" not in out and "Error" not in out, out[-5000:]
     assert "destroy_process_group() was not called" not in out, out[-5000:]
     assert_no_teardown_errors(out)
 
 
 @pytest.mark.multigpu
-def test_exception_on_every_rank():
+@pytest.mark.parametrize("nranks", SIZES)
+def test_exception_on_every_rank(nranks):
     """Every rank raises: each prints its traceback, the job exits non-zero at once, nothing is left."""
-    need(RANKS)
-    job, pids = start("raise_all")
+    need(nranks)
+    job, pids = start("raise_all", nranks)
     rc = finish(job, pids, timeout=90)
     out = job.output
     assert rc != 0, out[-5000:]
-    for r in range(RANKS):
+    for r in range(nranks):
         assert f"RuntimeError: teardown_main: intentional failure on rank {r}" in out, out[-5000:]
     assert_no_teardown_errors(out)
 
 
 @pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", SIZES)
 @pytest.mark.parametrize("mode", ["raise_one", "raise_one_bare"])
-def test_exception_on_one_rank(mode):
+def test_exception_on_one_rank(mode, nranks):
     """Rank 1 raises while rank 0 waits in a kernel for it (no wait timeout: production settings). Rank 1
     must not wait for rank 0 in a collective teardown: it exits, torchrun stops rank 0, the job ends."""
-    need(RANKS)
-    job, pids = start(mode, TILESCALE_WAIT_TIMEOUT_S="0")
+    need(nranks)
+    job, pids = start(mode, nranks, TILESCALE_WAIT_TIMEOUT_S="0")
     t0 = time.monotonic()
     rc = finish(job, pids, timeout=90)
     out = job.output
@@ -95,11 +97,12 @@ def test_exception_on_one_rank(mode):
 
 
 @pytest.mark.multigpu
-def test_ctrl_c_ends_every_process():
+@pytest.mark.parametrize("nranks", SIZES)
+def test_ctrl_c_ends_every_process(nranks):
     """Ctrl-C while the ranks run collectives: launch.sh exits 130 within seconds, every process is gone
     (ranks, torchrun, launch.sh), and nothing reports an error of freeing symmetric memory."""
-    need(RANKS)
-    job, pids = start("loop")
+    need(nranks)
+    job, pids = start("loop", nranks)
     time.sleep(2)                                   # collectives in flight
     t0 = time.monotonic()
     job.interrupt()

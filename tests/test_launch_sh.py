@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -148,3 +149,127 @@ def test_job_end_leaves_no_process_behind(tmp_path, mode, expect_rc):
         assert rc == expect_rc, f"exit code {rc}\n{job.output[-3000:]}"
     else:
         assert rc != 0, job.output[-3000:]
+
+
+def test_sighup_ends_every_process(tmp_path):
+    """SIGHUP to launch.sh (its terminal closed): it exits 129 and the job, the ranks' children included, ends."""
+    job, started = _torchrun_job(tmp_path, "loop")
+    os.kill(job.proc.pid, signal.SIGHUP)
+    rc = job.wait(timeout=40)
+    _assert_all_ended(job, started)
+    assert rc == 129, f"exit code {rc}\n{job.output[-3000:]}"
+
+
+# ------------------------------------------------------------------ the shared-GPU mode (TILESCALE_RANKS_PER_GPU)
+def _fake_gpus(tmp_path, n: int, name: str = "python") -> Path:
+    py = tmp_path / name
+    py.write_text(FAKE_PYTHON.replace("echo 2", f"echo {n}").format(python=sys.executable))
+    py.chmod(0o755)
+    return py
+
+
+def test_more_ranks_than_gpus_without_the_setting_is_an_error(tmp_path):
+    py = _fake_gpus(tmp_path, 1)
+    e = {k: v for k, v in os.environ.items() if k != "TILESCALE_RANKS_PER_GPU"}
+    e.update(PYTHON=str(py), GPUS="4", TILESCALE_SKIP_DOCTOR="1")
+    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "GPUS=4 but this node has only 1 visible GPU(s)" in r.stderr, r.stderr
+    assert "TILESCALE_RANKS_PER_GPU=4" in r.stderr, r.stderr               # names the way out
+    e["TILESCALE_RANKS_PER_GPU"] = "3"                                      # 4 ranks do not fit 3 per GPU
+    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    assert r.returncode == 2 and "TILESCALE_RANKS_PER_GPU=4" in r.stderr, r.stdout + r.stderr
+
+
+def test_bad_ranks_per_gpu_value(tmp_path):
+    py = _fake_gpus(tmp_path, 1)
+    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHON": str(py), "GPUS": "2", "TILESCALE_RANKS_PER_GPU": "two"})
+    assert r.returncode == 2 and "TILESCALE_RANKS_PER_GPU=two: expected a positive integer" in r.stderr, r.stderr
+
+
+SHOW_ENV = r"""
+import os
+print(f"[rank {os.environ['RANK']}] RUNNING rpg={os.environ.get('TILESCALE_RANKS_PER_GPU')} "
+      f"mps={os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '-')}", flush=True)
+"""
+
+
+def _run_shared(tmp_path, gpus_found: int, ranks: int, extra: dict | None = None, path_dir: Path | None = None):
+    py = _fake_gpus(tmp_path, gpus_found, name="py with space")     # also: PYTHON with a space is quoted
+    script = tmp_path / "show_env.py"
+    script.write_text(SHOW_ENV)
+    e = {**os.environ, "PYTHON": str(py), "GPUS": str(ranks), "TILESCALE_SKIP_DOCTOR": "1",
+         "PORT": str(testing.free_port()), "TMPDIR": str(tmp_path)}
+    if path_dir is not None:
+        e["PATH"] = f"{path_dir}{os.pathsep}{e['PATH']}"
+    e.update(extra or {})
+    return subprocess.run(["bash", str(LAUNCH), str(script)], capture_output=True, text=True, timeout=120, env=e)
+
+
+def test_shared_gpu_mode_starts_every_rank(tmp_path):
+    r = _run_shared(tmp_path, 1, 3, {"TILESCALE_RANKS_PER_GPU": "4"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shared-GPU mode: 3 ranks on 1 GPU(s), up to 3 per GPU" in r.stdout, r.stdout
+    for rank in range(3):
+        assert f"[rank {rank}] RUNNING rpg=4 mps=-" in r.stdout, r.stdout     # no MPS unless asked
+
+
+FAKE_MPS = r"""#!/usr/bin/env bash
+# a stand-in for nvidia-cuda-mps-control: `-d` starts a "daemon"; `quit` on stdin stops it
+log={log}
+if [ "${{1:-}}" = -d ]; then
+  echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+  (exec -a "nvidia-cuda-mps-control -d" sleep 300) </dev/null >/dev/null 2>&1 &
+  exit 0
+fi
+read -r cmd
+echo "$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+[ "$cmd" = quit ] && pkill -f "^nvidia-cuda-mps-control -d" 
+exit 0
+"""
+
+
+def _mps_daemons() -> list[str]:
+    r = subprocess.run(["pgrep", "-f", "^nvidia-cuda-mps-control -d"], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+@pytest.mark.skipif(bool(_mps_daemons()), reason="an MPS daemon (or a stand-in) already runs on this machine")
+def test_mps_started_only_when_asked_and_stopped_after(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "mps.log"
+    fake = bin_dir / "nvidia-cuda-mps-control"
+    fake.write_text(FAKE_MPS.format(log=log))
+    fake.chmod(0o755)
+    try:
+        r = _run_shared(tmp_path, 1, 2, {"TILESCALE_RANKS_PER_GPU": "2", "TILESCALE_MPS": "1"}, path_dir=bin_dir)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "started the MPS daemon for this job" in r.stdout, r.stdout
+        calls = log.read_text().splitlines()
+        assert calls[0].startswith("start pipe=") and calls[-1].startswith("quit pipe="), calls
+        pipe = calls[0].split("=", 1)[1]
+        assert pipe.startswith(str(tmp_path)) and calls[-1].endswith(pipe), calls   # its own pipe dir, quit there
+        assert f"mps={pipe}" in r.stdout, r.stdout                                   # the ranks see it
+        assert not _mps_daemons(), "the MPS daemon launch.sh started is still running"
+        assert not list(tmp_path.glob("tilescale-mps.*")), "launch.sh left its MPS directory behind"
+        # a daemon that already runs is used as it is, never stopped
+        subprocess.run([str(fake), "-d"], check=True, timeout=30)
+        log.write_text("")
+        r = _run_shared(tmp_path, 1, 2, {"TILESCALE_RANKS_PER_GPU": "2", "TILESCALE_MPS": "1"}, path_dir=bin_dir)
+        assert r.returncode == 0 and "an MPS daemon already runs" in r.stdout, r.stdout + r.stderr
+        assert log.read_text() == "" and _mps_daemons(), "launch.sh touched a daemon it did not start"
+        # without TILESCALE_MPS, or with one rank per GPU, nothing is started
+        subprocess.run(["pkill", "-f", "^nvidia-cuda-mps-control -d"], timeout=30)
+        r = _run_shared(tmp_path, 2, 2, {"TILESCALE_MPS": "1"}, path_dir=bin_dir)
+        assert r.returncode == 0 and log.read_text() == "", r.stdout + r.stderr
+    finally:
+        subprocess.run(["pkill", "-f", "^nvidia-cuda-mps-control -d"], timeout=30)
+
+
+def test_several_nodes_need_a_port(tmp_path):
+    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}
+    e.update(NNODES="2", GPUS="1")
+    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    assert r.returncode == 2 and "NNODES=2: set PORT" in r.stderr, r.stderr

@@ -39,6 +39,27 @@ class DistInfo:
     world_size: int
     local_rank: int
     local_world_size: int
+    device: int = 0            # this rank's CUDA device index
+    shared_gpu: bool = False   # some GPU of this node runs more than one rank (TILESCALE_RANKS_PER_GPU)
+
+
+def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> list[int]:
+    """The CUDA device of each local rank: one rank per GPU while there are enough GPUs; otherwise (the
+    shared-GPU mode, allowed up to `ranks_per_gpu` ranks per GPU) the ranks spread evenly over every GPU,
+    neighbours together: 4 ranks on 2 GPUs -> [0, 0, 1, 1]; 3 ranks on 2 GPUs -> [0, 0, 1]."""
+    if local_world_size < 1:
+        raise TileScaleError(f"local world size {local_world_size}: expected at least 1 rank")
+    if num_gpus < 1:
+        raise TileScaleError(f"{local_world_size} rank(s) on this node but no visible GPU")
+    if local_world_size <= num_gpus:
+        return list(range(local_world_size))
+    need = -(-local_world_size // num_gpus)   # ceil: the most ranks that one GPU must hold
+    if need > ranks_per_gpu:
+        raise TileScaleError(
+            f"{local_world_size} ranks on this node but only {num_gpus} visible GPU(s): start at most {num_gpus} "
+            f"processes per node (GPUS={num_gpus} bash launch.sh ...), or share GPUs for development and testing "
+            f"with TILESCALE_RANKS_PER_GPU={need} (correct, but timings mean nothing)")
+    return [r * num_gpus // local_world_size for r in range(local_world_size)]
 
 
 def load_host_library(install) -> ctypes.CDLL:
@@ -53,12 +74,13 @@ def load_host_library(install) -> ctypes.CDLL:
 
 
 def _shim_path(install) -> Path:
+    """The runtime shim for `install`, built once into TILESCALE_CACHE_DIR/runtime (a private directory:
+    build_once refuses one that others could write, since the shim is loaded RTLD_GLOBAL)."""
     from .env import settings
-    from .toolchain import build_once, file_digest, run_nvcc
+    from .toolchain import build_once, file_digest, private_dir, run_nvcc
 
     tag = f"{install.version}-{file_digest(SHIM_SOURCE, install.host_library)}"
-    target = settings.cache_dir / "runtime" / tag / "libts_runtime.so"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = private_dir(settings.cache_dir / "runtime" / tag) / "libts_runtime.so"
 
     def build(tmp: Path) -> None:
         run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}", str(SHIM_SOURCE),
@@ -105,7 +127,7 @@ class Runtime:
         self.shim = shim
         self.ctrl_group = ctrl_group
         self.created_pg = created_pg
-        self.device = torch.device("cuda", info.local_rank)
+        self.device = torch.device("cuda", info.device)
         # Record written by a device-side wait that times out: pinned host memory is addressable from
         # the GPU (UVA) and stays readable after the kernel traps.
         self.wait_diag = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
@@ -199,11 +221,15 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
         local_rank = _env_int("LOCAL_RANK", rank)
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        from .env import settings
+
         ndev = torch.cuda.device_count()
-        if local_rank >= ndev:
-            raise TileScaleError(f"LOCAL_RANK={local_rank} but this node has {ndev} visible GPU(s): start at most "
-                                 f"{ndev} processes per node (GPUS={ndev} bash launch.sh ...)")
-        torch.cuda.set_device(local_rank)
+        if not 0 <= local_rank < local_world:
+            raise TileScaleError(f"LOCAL_RANK={local_rank} with LOCAL_WORLD_SIZE={local_world}: expected "
+                                 f"0 <= LOCAL_RANK < LOCAL_WORLD_SIZE")
+        devices = device_map(local_world, ndev, settings.ranks_per_gpu)
+        device, shared = devices[local_rank], len(set(devices)) < len(devices)
+        torch.cuda.set_device(device)
         torch.empty(1, device="cuda")  # primary context current before NVSHMEM uses it
         created = False
         if not dist.is_initialized():
@@ -211,12 +237,16 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
                 raise TileScaleError("WORLD_SIZE > 1 but MASTER_ADDR is not set: start with launch.sh or torchrun")
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29500")
-            dist.init_process_group(backend="cpu:gloo,cuda:nccl", rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=timeout_s),
-                                    device_id=torch.device("cuda", local_rank))
+            dist.init_process_group(**process_group_args(shared, device), rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
             created = True
         elif dist.get_world_size() != world:
             raise TileScaleError(f"torch.distributed has world size {dist.get_world_size()} but WORLD_SIZE={world}")
+        elif shared and "nccl" in str(dist.get_backend()).lower():
+            raise TileScaleError(f"shared-GPU mode (TILESCALE_RANKS_PER_GPU={settings.ranks_per_gpu}, {local_world} "
+                                 f"ranks on {ndev} GPU(s)): torch.distributed was started with backend "
+                                 f"'{dist.get_backend()}', but NCCL cannot run two ranks on one GPU; start it with "
+                                 "backend 'gloo', or let tilescale.init_distributed() start it")
         ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         shim = load_shim(install)
         n = shim.ts_uid_size()
@@ -238,9 +268,12 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
             raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of {world}")
         log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
-        info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
+        info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                        device=device, shared_gpu=shared)
+        if shared:
+            log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
+                     "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)
         _RT = Runtime(info, install, shim, ctrl, created)
-        from .env import settings
 
         if settings.wait_timeout_s > 0:  # debug mode: report waits that give up, stop the other ranks
             from .diagnostics import Watchdog
@@ -249,6 +282,21 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
             _RT.watchdog.start()
         _register_exit()
         return info
+
+
+def process_group_args(shared_gpu: bool, device: int) -> dict:
+    """How init_distributed starts torch.distributed: gloo for CPU tensors and NCCL for CUDA tensors, or gloo
+    alone when GPUs are shared (NCCL refuses two ranks on one GPU: "Duplicate GPU detected")."""
+    import torch
+
+    if shared_gpu:
+        return {"backend": "gloo"}
+    return {"backend": "cpu:gloo,cuda:nccl", "device_id": torch.device("cuda", device)}
+
+
+def shares_gpu() -> bool:
+    """True in the shared-GPU mode: this rank's GPU runs other ranks too (False before init_distributed)."""
+    return _RT is not None and not _RT.closed and _RT.info.shared_gpu
 
 
 _exit_registered = False

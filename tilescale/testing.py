@@ -61,12 +61,36 @@ def gpu_count() -> int:
         return 0
 
 
+def ranks_per_gpu_for(nranks: int, gpus: int | None = None) -> int:
+    """How many ranks one GPU must hold to run `nranks` ranks on this machine's GPUs (1: a GPU each)."""
+    gpus = gpu_count() if gpus is None else gpus
+    return max(1, -(-nranks // max(gpus, 1)))
+
+
+def skip_unless_ranks(nranks: int) -> None:
+    """For tests of `nranks` ranks: skip (pytest) only when no GPU is visible. With fewer GPUs than ranks the
+    test still runs, the ranks sharing GPUs (:func:`launch` sets ``TILESCALE_RANKS_PER_GPU``)."""
+    import pytest
+
+    found = gpu_count()
+    if found < 1:
+        pytest.skip(f"needs a CUDA GPU for its {nranks} rank(s) (they may share it); torch sees none")
+
+
+def shared_gpus(nranks: int) -> bool:
+    """Whether :func:`launch` runs `nranks` ranks with GPUs shared (fewer GPUs visible than ranks)."""
+    return ranks_per_gpu_for(nranks) > 1
+
+
 def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, env: dict | None = None
            ) -> subprocess.CompletedProcess:
-    """Run `script` on `nranks` ranks through launch.sh (bounded by `timeout`); never raises on failure."""
+    """Run `script` on `nranks` ranks through launch.sh (bounded by `timeout`); never raises on failure.
+    With fewer GPUs than ranks the ranks share GPUs (``TILESCALE_RANKS_PER_GPU``), unless `env` says otherwise."""
     e = dict(os.environ)
     e.update({"GPUS": str(nranks), "PORT": str(free_port()), "TILESCALE_SKIP_DOCTOR": "1"})
     e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
+    if shared_gpus(nranks):
+        e["TILESCALE_RANKS_PER_GPU"] = str(ranks_per_gpu_for(nranks))
     if env:
         e.update(env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]

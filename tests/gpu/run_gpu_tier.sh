@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
-#   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                       # pytest -m "gpu or multigpu"
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                # every gpu / multigpu test, in three parts
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks1,ranks2,ranks4 # the same parts, named: one-GPU tests, 2 ranks, 4 ranks
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
 #   ... collectives,profile,soak,gemm_configs (SOAK_ITERS=N shortens the soak)
-# (PYTEST_K=expr narrows the tests.)
+# (PYTEST_K=expr narrows the tests.) With fewer GPUs than ranks the multi-rank tests run with ranks sharing
+# GPUs (TILESCALE_RANKS_PER_GPU; gloo / recomputed references instead of NCCL): correctness only.
+# The parts of `tests` run side by side (PARALLEL=0: one after the other), each bounded by PART_TIMEOUT
+# seconds (default 480); the kernel cache is shared, so each kernel compiles once per run.
 # Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
 set -u
-OUTD=${1:?usage: run_gpu_tier.sh OUTDIR tests|bench}
+OUTD=${1:?usage: run_gpu_tier.sh OUTDIR tests|ranks1,ranks2,ranks4|bench...}
 WHAT=${2:-tests}
 mkdir -p "$OUTD"
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 export TILESCALE_WAIT_TIMEOUT_S=${TILESCALE_WAIT_TIMEOUT_S:-30}
 export TILESCALE_SKIP_DOCTOR=${TILESCALE_SKIP_DOCTOR:-1}  # the doctor runs once, above the steps
+PART_TIMEOUT=${PART_TIMEOUT:-480}
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $NG; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 python3 -m tilescale doctor --gpus "$NG" 2>&1 | tail -20
 summary=()
@@ -24,10 +29,35 @@ step() {  # step NAME SECONDS CMD...
   echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
   grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
 }
+tier_part() {  # tier_part ranksN: the gpu / multigpu tests of world size N, in a pytest of its own
+  local part=$1 n=${1#ranks} t0=$SECONDS rc
+  local marker="multigpu"; [ "$n" = 1 ] && marker="gpu"
+  timeout -k 10 "$PART_TIMEOUT" python3 -m pytest -m "$marker" --ranks "$n" -v -rs --timeout $((PART_TIMEOUT - 20)) \
+    -p no:cacheprovider --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} tests examples > "$OUTD/$part.log" 2>&1
+  rc=$?
+  local counts
+  counts=$(grep -a -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$OUTD/$part.log" | tail -1 | tr -d '=')
+  echo "$part (world size $n, $([ "$n" -gt "$NG" ] && echo "ranks sharing $NG GPU(s)" || echo "distinct GPUs")): rc=$rc in $((SECONDS - t0)) s:${counts:- no pytest summary (timed out?)}" \
+    > "$OUTD/$part.summary"
+  echo "--- $(cat "$OUTD/$part.summary")"
+  grep -a -E "PASSED|FAILED|ERROR|SKIPPED" "$OUTD/$part.log" | grep -v "INFO\]" | tail -60
+}
 for what in ${WHAT//,/ }; do
   case $what in
-    tests) step gpu_tests 560 python3 -m pytest -m "gpu or multigpu" -v -rs --timeout 500 -p no:cacheprovider \
-             ${PYTEST_K:+-k "$PYTEST_K"} tests examples ;;
+    tests|ranks1|ranks2|ranks4)
+      parts=$what; [ "$what" = tests ] && parts="ranks1 ranks2 ranks4"
+      pids=()
+      for part in $parts; do
+        if [ "${PARALLEL:-1}" = 1 ] && [ "$what" = tests ]; then
+          tier_part "$part" & pids+=($!)
+        else
+          tier_part "$part"
+        fi
+      done
+      for p in "${pids[@]}"; do wait "$p"; done
+      for part in $parts; do
+        [ -f "$OUTD/$part.summary" ] && summary+=("$(cat "$OUTD/$part.summary")")
+      done ;;
     build_modes) step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 \
              --json "$OUTD/build_modes.json" ;;
     allgather) step bench_allgather 170 env GPUS="$NG" bash launch.sh benchmarks/bench_allgather.py \
@@ -43,7 +73,7 @@ for what in ${WHAT//,/ }; do
              ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ;;
     gemm_configs) step bench_gemm_configs 300 env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py \
              --json "$OUTD/gemm_configs.json" ;;
-    *) echo "unknown step $what (tests, build_modes, allgather, put_bw, fused, collectives, profile, soak, gemm_configs)"; exit 2 ;;
+    *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, gemm_configs)"; exit 2 ;;
   esac
 done
 echo "== summary"; printf '%s\n' "${summary[@]}"
