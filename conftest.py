@@ -47,6 +47,9 @@ def pytest_addoption(parser):
                      help="run only the gpu / multigpu tests of these world sizes (1 = the one-GPU tests; a "
                           "multigpu test's size is its `nranks` parameter, else 2); the GPU tier runs each size "
                           "as a part of its own")
+    parser.addoption("--shard", default="", metavar="I/K",
+                     help="run only every K-th gpu / multigpu test, starting with the I-th (1 <= I <= K): the GPU "
+                          "tier runs K shards side by side")
 
 
 def world_size_of(item) -> int:
@@ -67,6 +70,17 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         needs = [i for i in needs if i in keep]
+    shard = config.getoption("--shard")
+    if shard:
+        try:
+            i, k = (int(x) for x in shard.split("/"))
+            assert 1 <= i <= k
+        except (ValueError, AssertionError):
+            raise pytest.UsageError(f"--shard {shard}: expected I/K with 1 <= I <= K, e.g. 2/3") from None
+        drop = {id(item) for n, item in enumerate(needs) if n % k != i - 1}
+        config.hook.pytest_deselected(items=[it for it in items if id(it) in drop])
+        items[:] = [it for it in items if id(it) not in drop]
+        needs = [it for it in needs if id(it) not in drop]
     found = _gpu_count()
     if found == 0:  # multi-rank tests share GPUs when there are fewer than ranks (tilescale.testing.launch)
         for item in needs:

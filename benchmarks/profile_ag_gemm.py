@@ -221,7 +221,10 @@ def _median_rounds(fn_off, fn_on, rounds: int) -> tuple[float, float]:
 def _cpu_us(fn, n: int = 100) -> float:
     """Host microseconds per call of `fn` issued back to back (max over ranks)."""
     import torch
-    import torch.distributed as dist
+
+    from tilescale import staged_collectives
+
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 
     torch.cuda.synchronize()
     dist.barrier()
@@ -237,13 +240,15 @@ def _cpu_us(fn, n: int = 100) -> float:
 
 def run(info, a) -> None:
     import torch
-    import torch.distributed as dist
 
     import tilescale.profiler as tp
+    from tilescale import staged_collectives
     from tilescale.ops import prebuild
     from tilescale.ops.ag_gemm import AGGemm
     from tilescale.ops.allgather import AllGather
     from timing import environment, print_table, time_op, write_json
+
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 
     t_begin = time.time()
     rank, W = info.rank, info.world_size

@@ -56,7 +56,10 @@ def checked_call(op, a, b, c, dtype) -> float:
     """One call on poisoned output, compared with NCCL + torch.matmul; returns the relative error (inf if
     NaN is left anywhere)."""
     import torch
-    import torch.distributed as dist
+
+    from tilescale import staged_collectives
+
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 
     M, K = op.M, op.K
     c.fill_(float("nan"))
@@ -73,7 +76,10 @@ def checked_call(op, a, b, c, dtype) -> float:
 
 def agree_max(x: float) -> float:
     import torch
-    import torch.distributed as dist
+
+    from tilescale import staged_collectives
+
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 
     t = torch.tensor([x], device="cuda", dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

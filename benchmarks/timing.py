@@ -8,7 +8,10 @@ def time_op(fn, warmup: int = 5, iters: int = 20, repeats: int = 3) -> float:
     """Microseconds per call of `fn` (median over repeats of the mean over `iters`), max over ranks.
     Ranks start each repeat together (a barrier) so that skew does not count."""
     import torch
-    import torch.distributed as dist
+
+    from tilescale import staged_collectives
+
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 
     for _ in range(warmup):
         fn()

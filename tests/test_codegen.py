@@ -316,8 +316,8 @@ def test_generated_source_of_distributed_kernel(every_op_build):
     for call in ("nvshmem_my_pe()", "nvshmem_n_pes()", "tilescale::put<2, false>", "tilescale::get<1, false>",
                  "tilescale::put_signal<2>", "tilescale::signal_op(", "tilescale::wait_until<unsigned long long>",
                  "tilescale::ld_pe<", "tilescale::st_pe<", "tilescale::atom_add_pe<", "tilescale::atom_cas_pe<",
-                 "tilescale::peer_ptr(", "nvshmem_fence()", "nvshmem_quiet()", "nvshmemx_barrier_all_block()",
-                 "nvshmemx_sync_all_warp()"):
+                 "tilescale::peer_ptr(", "nvshmem_fence()", "nvshmem_quiet()", "tilescale::barrier_all<2>()",
+                 "tilescale::sync_all<1>()"):
         assert call in src, f"{call} missing"
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params

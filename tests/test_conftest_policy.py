@@ -106,3 +106,16 @@ def test_a_run_with_a_pass_and_skips_passes(tmp_path):
                 "-k", "skipped or cpu")
     assert r.returncode == 0, r.stdout
     assert "1 passed, 1 skipped" in r.stdout
+
+
+def test_shard_option_splits_gpu_tests(tmp_path):
+    """`--shard I/K` keeps every K-th gpu / multigpu test (and every CPU test); the shards cover each once."""
+    seen = []
+    for i in (1, 2):
+        r = _pytest(tmp_path, RANKED, "--co", "--shard", f"{i}/2")
+        got = [t for t in ("test_one", "test_fixed_two", "test_sized[2]", "test_sized[4]") if t in r.stdout]
+        assert "test_cpu" in r.stdout and len(got) == 2, r.stdout
+        seen += got
+    assert sorted(seen) == sorted(["test_one", "test_fixed_two", "test_sized[2]", "test_sized[4]"])
+    r = _pytest(tmp_path, RANKED, "--co", "--shard", "3/2")
+    assert r.returncode != 0 and "expected I/K" in r.stdout, r.stdout

@@ -32,7 +32,7 @@ def test_defaults(menv, tmp_path):
     assert settings.use_nvshmem is True
     assert settings.nvshmem_home == ""
     assert settings.build_mode == "auto"
-    assert settings.wait_timeout_s == 0.0 and isinstance(settings.wait_timeout_s, float)
+    assert settings.wait_timeout_s == 100.0 and isinstance(settings.wait_timeout_s, float)   # bounded by default
     assert settings.target == ""
     assert settings.check_symmetric is True
     assert settings.log_level == "warning"
@@ -112,7 +112,7 @@ def test_values_are_read_at_use_time(menv):
     os.environ["TILESCALE_WAIT_TIMEOUT_S"] = "7"  # changed after import and after a first read
     assert settings.wait_timeout_s == 7.0
     menv.delenv("TILESCALE_WAIT_TIMEOUT_S")
-    assert settings.wait_timeout_s == 0.0
+    assert settings.wait_timeout_s == 100.0
 
 
 def test_values_read_at_use_time_in_a_fresh_process(python_runner):

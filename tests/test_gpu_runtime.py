@@ -1,5 +1,7 @@
 """GPU tier: runtime behaviour that needs real GPUs (bad input on every rank, injected hang, lazy
 loading). Each test launches a script under tests/gpu with launch.sh; skipped without enough GPUs."""
+import collections
+import re
 from pathlib import Path
 
 import pytest
@@ -10,31 +12,43 @@ GPU = Path(__file__).resolve().parent / "gpu"
 
 
 def need(n):
-    if testing.gpu_count() < n:
-        pytest.skip(f"needs {n} GPUs, found {testing.gpu_count()}")
+    testing.skip_unless_ranks(n)   # fewer GPUs than ranks: the ranks share GPUs
 
 
 @pytest.mark.multigpu
-def test_bad_input_matrix_two_ranks():
-    need(2)
-    proc = testing.launch(GPU / "bad_input_main.py", 2, timeout=300)
-    testing.assert_all_ranks_ok(proc, 2, marker="OK: bad-input matrix")
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_bad_input_matrix(nranks):
+    need(nranks)
+    proc = testing.launch(GPU / "bad_input_main.py", nranks, timeout=500)
+    testing.assert_all_ranks_ok(proc, nranks, marker="OK: bad-input matrix")
+    out = proc.stdout
+    m = re.search(r"\[rank 0\] OK: bad-input matrix, (\d+) cases", out)
+    assert m and int(m.group(1)) >= 30, out[-4000:]
+    cases = collections.Counter(re.findall(r"^\[rank \d+\] OK: ([^:\n]+): ", out, re.M))
+    wrong = {c: n for c, n in cases.items() if n != nranks}
+    assert not wrong, f"cases not OK once per rank: {wrong}\n{out[-4000:]}"
+    assert len(cases) >= 30, sorted(cases)
     for case in ("init_distributed twice", "different sizes", "non-symmetric", "peer index", "world size differs",
                  "symmetric heap exhausted", "freeing twice", "AllGather shape differs", "AllGather dtype differs",
-                 "AGGemm shape differs", "AGGemm dtype differs"):
-        assert proc.stdout.count(f"OK: {case}") == 2, f"case '{case}' not OK on both ranks\n{proc.stdout[-4000:]}"
-    assert proc.stdout.count("OK: kernel built for sm_") == 4, "two other GPU archs on both ranks\n" + proc.stdout[-4000:]
+                 "AGGemm shape differs", "AGGemm dtype differs", "AllGather int shape", "AGGemm int8", "GemmRS K=0",
+                 "symm.empty float size", "AGGemm out shape", "AGGemm b not contiguous", "AllGather x on the CPU",
+                 "all_gather on the CPU", "AllGather out bad on rank 1 only"):
+        assert out.count(f"OK: {case}") == nranks, f"case '{case}' not OK on every rank\n{out[-4000:]}"
+    assert out.count("OK: kernel built for sm_") == 2 * nranks, "two other GPU archs on every rank\n" + out[-4000:]
+    assert out.count("OK: good calls after the matrix") == nranks, out[-4000:]
 
 
 @pytest.mark.multigpu
-def test_injected_hang_times_out_with_diagnostics():
-    need(2)
-    proc = testing.launch(GPU / "hang_main.py", 2, timeout=240, env={"TILESCALE_WAIT_TIMEOUT_S": "3"})
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_injected_hang_times_out_with_diagnostics(nranks):
+    need(nranks)
+    proc = testing.launch(GPU / "hang_main.py", nranks, timeout=240, env={"TILESCALE_WAIT_TIMEOUT_S": "3"})
     out = proc.stdout
     assert proc.returncode != 0, out[-3000:]
     assert "RAISED WaitTimeoutError" in out and "rank 0, block" in out and "hang_main.py" in out, out[-3000:]
     assert "it was 0" in out and "== 12345" in out, out[-3000:]
-    assert "rank 1 stops: rank 0 failed" in out, out[-3000:]
+    for r in range(1, nranks):
+        assert f"rank {r} stops: rank 0 failed" in out, out[-3000:]
     assert "UNEXPECTED" not in out
 
 

@@ -113,3 +113,66 @@ def test_ctrl_c_ends_every_process(nranks):
     assert took < 30, f"launch.sh took {took:.0f} s to end after Ctrl-C\n{out[-5000:]}"
     assert "UNEXPECTED" not in out
     assert_no_teardown_errors(out)
+
+
+# ----------------------------------------------------------------------- the fault matrix (bounded ends)
+FAULT_BOUND_S = 5          # TILESCALE_WAIT_TIMEOUT_S of these jobs: every wait and barrier gives up after it
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", SIZES)
+def test_never_completing_barrier(nranks):
+    """Rank 0 skips a barrier the others enter: their barrier gives up after the bound with a record naming
+    it, every rank (rank 0 too) is stopped, the job ends within the bound + 30 s, nothing is left."""
+    need(nranks)
+    job, pids = start("never_barrier", nranks, TILESCALE_WAIT_TIMEOUT_S=str(FAULT_BOUND_S))
+    t0 = time.monotonic()
+    rc = finish(job, pids, timeout=FAULT_BOUND_S + 60)
+    out = job.output
+    assert rc != 0, out[-5000:]
+    assert "a barrier of all ranks" in out and "WaitTimeoutError" in out, out[-5000:]
+    assert "rank 0 stops: rank" in out, out[-5000:]            # the rank that skipped is stopped, told who failed
+    assert "UNEXPECTED" not in out, out[-5000:]
+    assert time.monotonic() - t0 < FAULT_BOUND_S + 30, f"took {time.monotonic() - t0:.0f} s\n{out[-3000:]}"
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", SIZES)
+@pytest.mark.parametrize("mode", ["caught_exit", "kill9"])
+def test_rank_leaves_while_others_wait(mode, nranks):
+    """Rank 1 leaves (catches an error and exits normally, or is killed with -9) while the others wait in
+    kernels for its signal: every rank ends within the bound (+ 30 s), with an error naming what happened."""
+    need(nranks)
+    job, pids = start(mode, nranks, TILESCALE_WAIT_TIMEOUT_S=str(FAULT_BOUND_S))
+    t0 = time.monotonic()
+    rc = finish(job, pids, timeout=FAULT_BOUND_S + 60)
+    out = job.output
+    took = time.monotonic() - t0
+    assert rc != 0, out[-5000:]
+    assert "UNEXPECTED" not in out, out[-5000:]
+    assert took < FAULT_BOUND_S + 30, f"took {took:.0f} s\n{out[-3000:]}"
+    if mode == "caught_exit":
+        assert "caught teardown_main: an error rank 1 catches" in out, out[-5000:]
+        assert "gave up" in out, out[-5000:]                    # a wait record: the ranks that waited for rank 1
+    else:
+        assert "-9" in out or "SIGKILL" in out, out[-5000:]     # the launcher names the killed rank
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", SIZES)
+def test_sighup_ends_every_process(nranks):
+    """SIGHUP to launch.sh (its terminal closed) while the ranks run collectives: exit 129 within seconds,
+    every process gone."""
+    import os
+    import signal
+
+    need(nranks)
+    job, pids = start("loop", nranks)
+    time.sleep(2)
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGHUP)
+    rc = finish(job, pids, timeout=60)
+    out = job.output
+    assert rc == 129, f"exit code {rc}\n{out[-5000:]}"
+    assert time.monotonic() - t0 < 30, out[-3000:]
+    assert "UNEXPECTED" not in out

@@ -788,8 +788,7 @@ def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):
 # ------------------------------------------------------------------------------------- 2 GPUs
 @pytest.mark.multigpu
 def test_profile_ag_gemm_on_gpus(tmp_path):
-    if testing.gpu_count() < 2:
-        pytest.skip(f"needs 2 GPUs, found {testing.gpu_count()}")
+    testing.skip_unless_ranks(2)
     out = tmp_path / "prof"
     proc = testing.launch(BENCH, 2, "--out", str(out), "--shape", "2048,1024,1024", "--calls", "2",
                           "--rounds", "2", timeout=480)

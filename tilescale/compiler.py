@@ -17,6 +17,7 @@ import inspect
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tilelang.jit import JITImpl
@@ -141,7 +142,8 @@ class DistributedKernel:
         self.world_size = world_size
         self._symm_idx = [params.index(s) for s in symmetric if s in params]
         self._check = check_symmetric
-        self._symmetric_seen: set[int] = set()
+        self._symmetric_seen: set[tuple[int, int]] = set()   # (pointer, bytes) found on the heap ...
+        self._symmetric_epoch = None                         # ... as of this state of the allocations
         self._ready = False
 
     @property
@@ -183,14 +185,21 @@ class DistributedKernel:
         self._ready = True
 
     def check_args(self, args) -> None:
-        from .symm import require_symmetric
+        """Raise NotSymmetricError unless every remote operand lies in a live symmetric allocation. Operands
+        found once are not looked up again until an allocation is freed (symm.free, finalize)."""
+        from .symm import registry_epoch, require_symmetric
 
+        epoch = registry_epoch()
+        if epoch != self._symmetric_epoch:
+            self._symmetric_seen.clear()   # a freed allocation must not keep passing
+            self._symmetric_epoch = epoch
         for i in self._symm_idx:
             if i < len(args) and hasattr(args[i], "data_ptr"):
-                p = args[i].data_ptr()
-                if p not in self._symmetric_seen:
-                    require_symmetric(args[i], f"{self.name}({self.param_names[i]}=...)")
-                    self._symmetric_seen.add(p)
+                t = args[i]
+                seen = (t.data_ptr(), t.numel() * t.element_size() if hasattr(t, "numel") else 0)
+                if seen not in self._symmetric_seen:
+                    require_symmetric(t, f"{self.name}({self.param_names[i]}=...)")
+                    self._symmetric_seen.add(seen)
 
     def __call__(self, *args, **kwargs):
         if not self._ready:
@@ -221,14 +230,52 @@ def _func_name(func) -> str:
         return "kernel"
 
 
+def key_flags() -> list[str]:
+    """-D tokens that put into the kernel cache key (tilelang's key holds the compile flags) what changes a
+    distributed kernel's binary but is invisible to tilelang: the nvcc build, and the content of tilescale's
+    source rewriting (codegen.py) and headers. (The NVSHMEM version and paths, header digest, build mode,
+    wait timeout are in nvshmem_compile_flags; the arch is in tilelang's key.)"""
+    from .toolchain import nvcc_version_tag, source_digest
+
+    return [f"-DTILESCALE_NVCC={nvcc_version_tag()}", f"-DTILESCALE_SRC={source_digest()}"]
+
+
 def _prepare_distributed(func, spec: BackendSpec, compile_flags, wait_timeout_s):
     from .discovery import find_nvshmem
     from .runtime import load_host_library
+    from .toolchain import check_no_whitespace
 
     install = find_nvshmem()
+    ours = nvshmem_compile_flags(spec, install, wait_timeout_s) + key_flags()
+    check_no_whitespace(ours, f" (NVSHMEM {install.version} from {install.root})")
     load_host_library(install)  # kernel modules' NEEDED libnvshmem_host resolves to this copy
     flags = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])
-    return flags + nvshmem_compile_flags(spec, install, wait_timeout_s)
+    return flags + ours
+
+
+def _private_tilelang_cache() -> None:
+    """tilelang's kernel cache, where tilescale.compile's kernels are loaded from: refuse it (root, namespace,
+    kernels and staging directories) if others could write it; create missing parts 0700 before tilelang
+    does (it would make them 0755)."""
+    from tilelang import env as tl_env
+
+    from .toolchain import private_dir, tilelang_cache_dir
+
+    try:
+        if not tl_env.is_cache_enabled():
+            return
+    except Exception:  # noqa: BLE001
+        pass
+    root = tilelang_cache_dir()
+    dirs = [root]
+    try:
+        from tilelang.cache.kernel_cache import KernelCache
+
+        dirs += [Path(KernelCache._get_cache_root()), Path(KernelCache._get_staging_root())]
+    except Exception:  # noqa: BLE001  (another tilelang layout: the root alone)
+        pass
+    for d in dirs:
+        private_dir(d, root=root)
 
 
 def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=None, target_host=None,  # noqa: A001
@@ -244,18 +291,23 @@ def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=
     spec = resolve_backend(func, execution_backend, pass_configs, build_mode)
     target = default_target(target)
     check_target_arch(target, _func_name(func))  # before tilelang loads the kernel
+    _private_tilelang_cache()
     if not spec.distributed:
         if spec.name == "cython":  # tilelang's cython build links -lcuda: on a GPU-less machine, the stub
-            from .toolchain import stub_libcuda_dir
+            from .toolchain import check_no_whitespace, stub_libcuda_dir
 
             stub = stub_libcuda_dir()
             if stub is not None:
+                check_no_whitespace([f"-L{stub}"])
                 compile_flags = ([compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])) + \
                     [f"-L{stub}"]
         return _tl_compile(func, out_idx=out_idx, execution_backend=execution_backend, target=target,
                            target_host=target_host, verbose=verbose, pass_configs=tl_pc, compile_flags=compile_flags)
+    from .toolchain import bounded_nvcc
+
     flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
-    with codegen.distributed_build(spec.build_mode), _explain_build_errors(_func_name(func), spec):
+    with codegen.distributed_build(spec.build_mode), _explain_build_errors(_func_name(func), spec), \
+            bounded_nvcc(f"distributed kernel '{_func_name(func)}'"):
         k = _tl_compile(func, out_idx=out_idx, execution_backend="cython", target=target, target_host=target_host,
                         verbose=verbose, pass_configs=tl_pc, compile_flags=flags)
     check = settings.check_symmetric if check_symmetric is None else check_symmetric
@@ -270,9 +322,15 @@ _NVCC_ERROR = re.compile(r"\(\d+\): (error|catastrophic error)|fatal error|undef
 def _explain_build_errors(name: str, spec: BackendSpec):
     """nvcc failures of distributed kernels: the compiler's error lines and the NVSHMEM in use, instead of
     tilelang's dump of the whole generated file."""
+    from .toolchain import NvccTimeoutError
+
     try:
         yield
+    except NvccTimeoutError:
+        raise
     except RuntimeError as e:
+        if isinstance(e.__cause__, NvccTimeoutError):   # tilelang wraps what its nvcc run raised
+            raise e.__cause__ from None
         msg = str(e)
         if not msg.startswith("Compilation Failed"):
             raise
@@ -303,14 +361,16 @@ class BuildResult:
 def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *, build_mode: str | None = None,
           wait_timeout_s: float | None = None, verbose: bool = False) -> BuildResult:
     """Lower, generate and link a distributed kernel into a .so without loading it: the path for build
-    machines without a driver, where tilelang's load step (cudaFuncSetAttribute) cannot run."""
-    from tilelang import tvm
-    from tilelang.engine.lower import lower
-    from tilelang.jit.adapter.libgen import LibraryGenerator
-    from tilelang.jit.adapter.wrapper import TLWrapper
+    machines without a driver, where tilelang's load step (cudaFuncSetAttribute) cannot run.
+
+    Built once: the library, the source tilelang compiled (``kernel_lib.cu`` beside it) and the device
+    source are kept in ``TILESCALE_CACHE_DIR/kernels/<key>/`` (the key: the IR, target, pass configs, flags
+    (NVSHMEM, header and codegen digests, build mode, timeout), nvcc build, tilelang and tilescale), and a
+    later build of the same kernel returns them without lowering or running nvcc. Nothing is left in TMPDIR."""
     from tvm.target import Target
 
-    from . import codegen
+    from . import __version__
+    from .toolchain import build_once, private_dir, why_invalid
 
     tl_pc, _ = split_pass_configs(pass_configs)
     spec = resolve_backend(func, "auto", pass_configs, build_mode)
@@ -318,13 +378,80 @@ def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *,
     if spec.distributed:
         flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
     else:  # tilelang's library build links -lcuda: on a GPU-less machine, against the stub
-        from .toolchain import stub_libcuda_dir
+        from .toolchain import check_no_whitespace, nvcc_version_tag, stub_libcuda_dir
 
         flags = [compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])
         stub = stub_libcuda_dir()
         if stub is not None:
+            check_no_whitespace([f"-L{stub}"])
             flags.append(f"-L{stub}")
+        flags.append(f"-DTILESCALE_NVCC={nvcc_version_tag()}")
     cfg = dict(tl_pc or {})
+    key = _build_key(func, tgt, cfg, flags, spec, __version__)
+    entry = private_dir(settings.cache_dir / "kernels" / key)
+    lib, host_src, dev_src = entry / "kernel_lib.so", entry / "kernel_lib.cu", entry / "device_kernel.cu"
+
+    def make(tmp: Path) -> None:
+        source, host = _build_library(func, spec, tgt, cfg, flags, verbose, tmp)
+        _write_private(host_src, host)      # before the library is published: a valid library has both
+        _write_private(dev_src, source)
+
+    if why_invalid(lib) is None and not (host_src.is_file() and dev_src.is_file()):
+        from .toolchain import record_path
+
+        record_path(lib).unlink(missing_ok=True)   # companions lost: rebuild the entry
+    build_once(lib, make)
+    return BuildResult(spec=spec, source=dev_src.read_text(), library=str(lib), flags=tuple(flags))
+
+
+def _build_key(func, tgt, cfg: dict, flags: list, spec: BackendSpec, version: str) -> str:
+    import hashlib
+    import json
+
+    try:
+        from tilelang.cache.kernel_cache import KernelCache
+
+        base = KernelCache._get_base_key()   # tilelang's version and a hash of its native libraries
+    except Exception:  # noqa: BLE001
+        import tilelang
+
+        base = {"version": tilelang.__version__}
+    from .toolchain import nvcc_version_tag
+
+    data = {"func": hashlib.sha256(func.script(show_meta=True).encode()).hexdigest(), "target": str(tgt),
+            "pass_configs": cfg, "flags": list(flags), "backend": spec.name, "build_mode": spec.build_mode,
+            "nvcc": nvcc_version_tag(), "tilescale": version, "tilelang": base}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+
+
+def _write_private(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)   # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _build_library(func, spec: BackendSpec, tgt, cfg: dict, flags: list, verbose: bool, out: Path):
+    """Lower `func`, generate its library source and compile it with tilelang's nvcc command into `out`;
+    returns (device source, library source). tilelang's temporaries in TMPDIR are removed."""
+    import os
+    import shutil
+
+    from tilelang import tvm
+    from tilelang.engine.lower import lower
+    from tilelang.jit.adapter.libgen import LibraryGenerator
+    from tilelang.jit.adapter.wrapper import TLWrapper
+
+    from . import codegen
+    from .toolchain import bounded_nvcc
+
     with codegen.distributed_build(spec.build_mode or "inlined") if spec.distributed else contextlib.nullcontext():
         with tvm.transform.PassContext(opt_level=3, config=cfg), tgt:
             art = lower(func, target=tgt)
@@ -337,9 +464,15 @@ def build(func: PrimFunc, target=None, pass_configs=None, compile_flags=None, *,
         g.assign_pass_configs(cfg)
         g.assign_compile_flags(flags)
         g.update_lib_code(w.wrap(art.kernel_source))
-        with _explain_build_errors(_func_name(func), spec):
-            g.compile_lib()
-    return BuildResult(spec=spec, source=art.kernel_source, library=g.libpath, flags=tuple(flags))
+        with _explain_build_errors(_func_name(func), spec), bounded_nvcc(f"kernel '{_func_name(func)}'"):
+            try:
+                g.compile_lib()
+                shutil.copyfile(g.libpath, out)
+            finally:
+                for f in {x for x in (g.srcpath, g.libpath) if x}:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f)
+    return art.kernel_source, g.lib_code
 
 
 def lower_source(func: PrimFunc, target=None, build_mode: str = "inlined") -> str:

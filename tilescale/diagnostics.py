@@ -1,7 +1,9 @@
-"""Bounded waits: turning a device-side wait that gave up into a Python error, on every rank.
+"""Bounded waits and job-wide abort: a device-side wait that gave up, or an uncaught error of one rank,
+becomes a Python error on that rank and stops every other rank.
 
-With ``TILESCALE_WAIT_TIMEOUT_S`` > 0 every ``T.wait_until`` in a kernel built then gives up after that
-long: it writes what it saw into a record in pinned host memory and stops the kernel (trap). Then:
+With ``TILESCALE_WAIT_TIMEOUT_S`` > 0 (default 100 s) every ``T.wait_until`` and every barrier in a kernel
+built then gives up after that long: it writes what it saw into a record in pinned host memory and stops
+the kernel (trap). Then:
 
 1. a watchdog thread of that rank sees the record, prints it (rank, block, thread, the kernel line of
    the wait, signal address, expected and observed values) and publishes it in the job's store;
@@ -10,6 +12,10 @@ long: it writes what it saw into a record in pinned host memory and stops the ke
 3. on the failing rank, :func:`synchronize` (and ``tilescale.barrier``) raise
    :class:`tilescale.errors.WaitTimeoutError` with the same message; the CUDA context is unusable after
    a trap, so the process should exit.
+
+An uncaught exception on a rank (``sys.excepthook``; ``tilescale.testing.example_main``) is published the
+same way (:func:`publish_failure`), so the other ranks stop within a second, naming that rank and its
+error, instead of waiting for it: under any launcher, not only torchrun.
 """
 import os
 import struct
@@ -20,6 +26,8 @@ import time
 from .errors import RemoteRankError, WaitTimeoutError
 
 _CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
+# Set while this rank reports an error of its own (runtime's excepthook): its watchdog then leaves it be.
+failing = threading.Event()
 _FMT = "<Q8iQQQQ"
 STORE_KEY = "tilescale/failed"
 
@@ -69,6 +77,22 @@ def synchronize() -> None:
     check(rt)
 
 
+def publish_failure(rt, what: str) -> None:
+    """Tell every rank that this one failed (`what`: the error): the first report stays in the job's store."""
+    me = rt.info.rank
+    dog = rt.watchdog
+    if dog is not None:
+        dog.reported = True
+    try:
+        import torch.distributed as dist
+
+        store = dog.store if dog is not None else dist.distributed_c10d._get_default_store()
+        if store is not None and not store.check([STORE_KEY]):
+            store.set(STORE_KEY, f"{me}|{what}")
+    except Exception:  # noqa: BLE001  (store gone: the job is ending anyway)
+        pass
+
+
 class Watchdog(threading.Thread):
     """Polls this rank's record and the job's store; reports and stops as the module docstring says."""
 
@@ -101,7 +125,7 @@ class Watchdog(threading.Thread):
                 continue
             if self.store is not None and not self.reported:
                 try:
-                    if self.store.check([STORE_KEY]):
+                    if self.store.check([STORE_KEY]) and not failing.is_set():
                         who, _, msg = self.store.get(STORE_KEY).decode().partition("|")
                         if int(who) != me:
                             err = RemoteRankError(f"rank {who} failed: {msg}")

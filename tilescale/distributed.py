@@ -18,6 +18,9 @@ call that was not measured. These calls go to torch.distributed unchanged, with 
 world, a reduction other than sum, a non-contiguous tensor, all-to-all with split sizes, a call no plan
 can serve (dtype, device, size). Tensors need not be on the symmetric heap: the built-in kernels copy
 through symmetric buffers of their own.
+Where no NCCL backend serves a group (the shared-GPU mode, ``TILESCALE_RANKS_PER_GPU``: gloo only), those
+calls on CUDA tensors run gloo on host copies (:mod:`tilescale.staged_collectives`), still counted as
+``"nccl"`` by :func:`stats` (meaning: torch.distributed).
 
 Extensions to torch's signatures (keyword-only): ``plan=`` (a Plan or plan id: use it, skipping the
 selector) and ``hints=`` (e.g. ``{"prefer": "tilescale"}`` to use a built-in plan wherever one can
@@ -36,6 +39,7 @@ import threading
 import torch
 import torch.distributed as _td
 
+from . import staged_collectives
 from .errors import SymmetricHeapExhaustedError
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
@@ -70,14 +74,53 @@ def init_process_group(*args, use_tilescale: bool = False, tilescale_hints: dict
     """``torch.distributed.init_process_group(*args, **kwargs)``; with ``use_tilescale=True`` also
     start the tilescale runtime (NVSHMEM; needs CUDA and an NCCL backend, reusing this default group)
     and register the tuned built-in plans of this machine. Without CUDA, collectives still go through
-    the selector (registered Python plans run), and built-in plans are unavailable."""
+    the selector (registered Python plans run), and built-in plans are unavailable.
+
+    In the shared-GPU mode (``TILESCALE_RANKS_PER_GPU``, several ranks of this node on one GPU) an NCCL
+    backend is replaced by gloo (and ``device_id`` dropped), with a warning: NCCL refuses two ranks on
+    one GPU. Calls that no plan serves then run gloo on host copies of their CUDA tensors
+    (:mod:`tilescale.staged_collectives`): correct, slow."""
     hints = _check_hints(tilescale_hints, "tilescale_hints")
+    args, kwargs, shared = _without_nccl_if_shared(args, kwargs)
     _td.init_process_group(*args, **kwargs)
     if use_tilescale:
-        _enable(hints)
+        _enable(hints, shared)
 
 
-def _enable(hints: dict) -> None:
+def _gpus_shared() -> bool:
+    """Whether the ranks of this node share GPUs (the shared-GPU mode, ``TILESCALE_RANKS_PER_GPU``): the
+    device map that ``tilescale.init_distributed`` will use, from the launcher's environment."""
+    from . import runtime
+    from .env import settings
+    from .errors import TileScaleError
+
+    if runtime.is_initialized():
+        return runtime.shares_gpu()
+    if not torch.cuda.is_available():
+        return False
+    local_world = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE"))
+    try:
+        devices = runtime.device_map(int(local_world), torch.cuda.device_count(), settings.ranks_per_gpu)
+    except (TypeError, ValueError, TileScaleError):  # not launched, or too many ranks: init_distributed says why
+        return False
+    return len(set(devices)) < len(devices)
+
+
+def _without_nccl_if_shared(args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+    """init_process_group's arguments, with an NCCL backend replaced by gloo in the shared-GPU mode (NCCL
+    refuses two ranks on one GPU); collectives on CUDA tensors then run staged through the host
+    (:mod:`tilescale.staged_collectives`). Also whether that mode is on."""
+    backend = args[0] if args else kwargs.get("backend")
+    # None: torch's default, NCCL for CUDA tensors where CUDA is available
+    if (backend is not None and "nccl" not in str(backend).lower()) or not _gpus_shared():
+        return args, kwargs, False
+    log.warning("shared-GPU mode (TILESCALE_RANKS_PER_GPU): torch.distributed on gloo instead of %r (NCCL cannot "
+                "run two ranks on one GPU); collectives on CUDA tensors are staged through the host", backend)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("backend", "device_id")}
+    return ("gloo", *args[1:]), kwargs, True
+
+
+def _enable(hints: dict, shared: bool = False) -> None:
     from . import runtime
     from .env import settings
     from .plan import builtin
@@ -85,7 +128,7 @@ def _enable(hints: dict) -> None:
     if settings.dist_debug:
         _debug_to_stderr()
     world = _td.get_world_size()
-    if torch.cuda.is_available() and "nccl" in str(_td.get_backend()).lower():
+    if torch.cuda.is_available() and (shared or "nccl" in str(_td.get_backend()).lower()):
         if not runtime.is_initialized():
             runtime.init_distributed()
             _S.started_runtime = True
@@ -94,7 +137,7 @@ def _enable(hints: dict) -> None:
             raise RuntimeError(f"the tilescale runtime has world size {rt.info.world_size}, torch.distributed {world}")
         _S.ctrl, _S.own_ctrl = rt.ctrl_group, False
         _S.nranks_per_node = rt.info.local_world_size
-        builtin.register_tuned(torch.cuda.get_device_name(rt.info.local_rank), world, _S.nranks_per_node)
+        builtin.register_tuned(torch.cuda.get_device_name(rt.info.device), world, _S.nranks_per_node)
     else:
         log.warning("use_tilescale=True without CUDA and an NCCL backend (backend %s): the "
                     "tilescale runtime is not started; registered plans still run, built-in plans cannot",
@@ -339,6 +382,19 @@ class _DoneWork(Work):
         return fut
 
 
+_STAGED_DEVICES = ("cuda",)   # device types staged through the host where no NCCL serves the group
+
+
+def _torch(group, *tensors):
+    """Where a call that no plan serves goes: torch.distributed; or, for CUDA tensors of a group that no
+    NCCL backend serves (the shared-GPU mode: gloo only), the same collective run by gloo on host copies
+    (:mod:`tilescale.staged_collectives`; slow, correct)."""
+    if (any(isinstance(t, torch.Tensor) and t.device.type in _STAGED_DEVICES for t in tensors)
+            and staged_collectives.needs_staging(group)):
+        return staged_collectives
+    return _td
+
+
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
@@ -352,7 +408,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, plan=None
         done, work = _run_staged("allreduce", p, async_op, tensor, op="sum")
         if done:
             return work
-    return _td.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    return _torch(group, tensor).all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, plan=None, hints=None):
@@ -365,7 +421,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         done, work = _run_staged("allgather", p, async_op, output_tensor, input_tensor)
         if done:
             return work
-    return _td.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+    return _torch(group, output_tensor, input_tensor).all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                                                            async_op=async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
@@ -379,7 +436,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         done, work = _run_staged("reduce_scatter", p, async_op, output, input, op="sum")
         if done:
             return work
-    return _td.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    return _torch(group, output, input).reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,  # noqa: A002
@@ -398,8 +455,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         done, work = _run_staged("all_to_all", p, async_op, output, input)
         if done:
             return work
-    return _td.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
-                                 async_op=async_op)
+    return _torch(group, output, input).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                                          group=group, async_op=async_op)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, plan=None, hints=None):
@@ -414,7 +471,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, p
         if done:
             return work
     kw = {"group_src": group_src} if group_src is not None else {}
-    return _td.broadcast(tensor, src=src, group=group, async_op=async_op, **kw)
+    return _torch(group, tensor).broadcast(tensor, src=src, group=group, async_op=async_op, **kw)
 
 
 # --------------------------------------------------------------------- everything else: torch's

@@ -53,6 +53,16 @@ def _parse_str(name: str, raw: str) -> str:
     return raw
 
 
+def _parse_positive_int(name: str, raw: str) -> int:
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a whole number >= 1") from None
+    if v < 1:
+        raise ValueError(f"{name}={raw!r}: expected a whole number >= 1")
+    return v
+
+
 @dataclass(frozen=True)
 class Setting(Generic[V]):
     """One environment variable: its name, older aliases, parser, default and meaning."""
@@ -95,15 +105,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TILESCALE_BUILD_MODE", _parse_choice("auto", "inlined", "rdc"), lambda: "auto",
             "NVSHMEM build mode of distributed kernels: inlined (non-RDC, fast on Hopper), rdc "
             "(-rdc=true + libnvshmem_device), or auto (inlined where the NVSHMEM headers support it)"),
-    Setting("TILESCALE_WAIT_TIMEOUT_S", _parse_float, lambda: 0.0,
-            "debug mode for device-side waits: give up after this many seconds, report rank, block, "
-            "signal, expected and observed values, and stop the kernel (0 = wait forever)"),
+    Setting("TILESCALE_WAIT_TIMEOUT_S", _parse_float, lambda: 100.0,
+            "bound of every device-side wait and barrier of kernels built from now on: after this many seconds "
+            "it gives up, reports rank, block, wait site, expected and observed values, stops the kernel, and "
+            "every other rank is stopped (0 = wait forever)"),
     Setting("TILESCALE_TARGET", _parse_str, lambda: "",
             "compile target when no GPU is visible, e.g. sm_90a (default sm_90a)"),
     Setting("TILESCALE_CHECK_SYMMETRIC", _parse_bool, lambda: True,
             "check at each launch that tensors used by remote ops live on the symmetric heap"),
     Setting("TILESCALE_COMPILE_ONLY", _parse_bool, lambda: False,
             "set by launch.sh on a machine without GPUs: examples compile their kernels instead of running"),
+    Setting("TILESCALE_RANKS_PER_GPU", _parse_positive_int, lambda: 1,
+            "shared-GPU mode: up to this many ranks of a node may run on one GPU (launch.sh then accepts "
+            "GPUS above the GPUs found; ranks are spread evenly over the GPUs; torch.distributed runs on gloo "
+            "only, NVSHMEM in its multiple-processes-per-GPU mode). For developing and testing multi-rank "
+            "kernels on one GPU: correct, but timings mean nothing (1 = one rank per GPU)"),
+    Setting("TILESCALE_MPS", _parse_bool, lambda: False,
+            "launch.sh starts the CUDA MPS daemon for the job (shared-GPU mode: ranks' kernels then run side "
+            "by side instead of time-slicing) when none runs, and stops it after"),
     Setting("TILESCALE_SKIP_DOCTOR", _parse_bool, lambda: False,
             "launch.sh skips its pre-flight check (python -m tilescale doctor)"),
     Setting("TILESCALE_LOG", _parse_choice("warning", "info", "debug"), lambda: "warning",
@@ -130,6 +149,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TILESCALE_PROFILE_DEVICE", _parse_bool, lambda: False,
             "fused ops built from now on also build their instrumented kernels (in-kernel %globaltimer "
             "stamps per tile) and use them while profiling; off, the kernels are unchanged"),
+    Setting("TILESCALE_NVCC_TIMEOUT_S", _parse_float, lambda: 600.0,
+            "longest time one nvcc run of tilescale (a kernel, the runtime shim) may take before it is stopped "
+            "with an error naming the file being built (0 = no limit); prebuild's ranks wait for their local "
+            "rank 0 up to this times the number of kernels"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -179,6 +202,14 @@ class _Settings:
         return _BY_NAME["TILESCALE_COMPILE_ONLY"].get()
 
     @property
+    def ranks_per_gpu(self) -> int:
+        return _BY_NAME["TILESCALE_RANKS_PER_GPU"].get()
+
+    @property
+    def mps(self) -> bool:
+        return _BY_NAME["TILESCALE_MPS"].get()
+
+    @property
     def log_level(self) -> str:
         return _BY_NAME["TILESCALE_LOG"].get()
 
@@ -213,6 +244,10 @@ class _Settings:
     @property
     def profile_device(self) -> bool:
         return _BY_NAME["TILESCALE_PROFILE_DEVICE"].get()
+
+    @property
+    def nvcc_timeout_s(self) -> float:
+        return _BY_NAME["TILESCALE_NVCC_TIMEOUT_S"].get()
 
 
 settings = _Settings()

@@ -50,6 +50,17 @@ class CollectiveMismatchError(SymmetricMismatchError, ValueError):
     """Ranks called a collective with different arguments (shape, dtype, split sizes, root...)."""
 
 
+class OpArgumentError(TileScaleError, ValueError):
+    """An op, a collective or a symmetric allocation called with an invalid argument (wrong shape, dtype,
+    device, strides, value...). The message names the op, the argument, what was received and what was
+    expected. A ValueError, as these checks raised before."""
+
+
+class OpArgumentTypeError(OpArgumentError, TypeError):
+    """An :class:`OpArgumentError` where the argument has the wrong type (a float where an int is expected,
+    a list where a tensor is expected...): also a TypeError."""
+
+
 class SymmetricHeapExhaustedError(TileScaleError, MemoryError):
     """The NVSHMEM symmetric heap has no room for an allocation."""
 

@@ -97,6 +97,7 @@ _SIGS = {
     "ts_init_status": ([], ctypes.c_int), "ts_my_pe": ([], ctypes.c_int), "ts_n_pes": ([], ctypes.c_int),
     "ts_team_node_size": ([], ctypes.c_int),
     "ts_malloc": ([ctypes.c_size_t], ctypes.c_void_p), "ts_free": ([ctypes.c_void_p], None),
+    "ts_malloc_zeroed": ([ctypes.c_size_t], ctypes.c_void_p),
     "ts_ptr": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p),
     "ts_barrier_all": ([], None),
     "ts_barrier_all_on_stream": ([ctypes.c_void_p], None), "ts_quiet_on_stream": ([ctypes.c_void_p], None),
@@ -134,6 +135,9 @@ class Runtime:
         self.watchdog = None
         self.modules: dict[int, ctypes.CDLL] = {}   # id(ctypes lib) -> the module, once initialised
         self.closed = False
+        # world_size + 1 symmetric words behind every barrier of tilescale (ops.cuh: barrier_one_thread)
+        self.barrier_words = shim.ts_malloc_zeroed(8 * (info.world_size + 1)) if shim is not None else None
+        self._barrier_fn = None
 
     # ---------------------------------------------------------------- collectives of the control plane
     def all_gather_object(self, obj) -> list:
@@ -153,14 +157,55 @@ class Runtime:
             raise SymmetricMismatchError(f"{what}: ranks disagree (every rank must make the same call):\n{lines}")
 
     def barrier(self, stream=None) -> None:
-        """NVSHMEM barrier of all ranks, ordered on `stream` (default: the current stream)."""
+        """Barrier of all ranks, ordered on `stream` (default: the current stream): every rank's puts issued
+        before it are complete, then every rank has arrived. Bounded like every device wait
+        (TILESCALE_WAIT_TIMEOUT_S): a rank that never arrives stops it with a record naming the barrier."""
         import torch
 
         from .diagnostics import check
 
         check(self)
         s = stream if stream is not None else torch.cuda.current_stream()
-        self.shim.ts_barrier_all_on_stream(ctypes.c_void_p(s.cuda_stream))
+        if self._barrier_fn is None:
+            self._barrier_fn = _barrier_function(self)
+        rc = self._barrier_fn(ctypes.c_void_p(s.cuda_stream), 1)
+        if rc != 0:
+            raise TileScaleError(f"tilescale.barrier(): launching the barrier kernel failed (CUDA error {rc})")
+
+
+_BARRIER_JIT = None
+
+
+def barrier_jit():
+    """The @tilescale.jit kernel module behind tilescale.barrier(): one warp that runs T.barrier_all. The
+    runtime calls the module's host function ``tilescale_module_barrier(stream, complete_puts)`` (every
+    module has it: ops.cuh), which launches the same bounded barrier as a one-thread kernel."""
+    global _BARRIER_JIT
+    if _BARRIER_JIT is None:
+        from . import language as T
+        from .compiler import jit
+
+        @jit
+        def barrier_module(world_size: int):
+            @T.prim_func
+            def tilescale_barrier(flag: T.Tensor((1,), "int32")):
+                with T.Kernel(1, threads=32):
+                    T.barrier_all(scope="warp")
+                    flag[0] = 1   # (a kernel needs a parameter it uses; the runtime never launches this one)
+
+            return tilescale_barrier
+
+        _BARRIER_JIT = barrier_module
+    return _BARRIER_JIT
+
+
+def _barrier_function(rt: Runtime):
+    """`tilescale_module_barrier` of the barrier module for this job's world size (built once, cached)."""
+    kernel = barrier_jit()(rt.info.world_size).prepare()
+    fn = kernel.library.tilescale_module_barrier
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 _RT: Runtime | None = None
@@ -274,12 +319,15 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
             log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
                      "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)
         _RT = Runtime(info, install, shim, ctrl, created)
+        if not _RT.barrier_words:
+            _RT = None
+            raise TileScaleError(f"rank {rank}: could not allocate tilescale's barrier words on the symmetric heap "
+                                 "(NVSHMEM_SYMMETRIC_SIZE too small?)")
+        # Job-wide abort: a wait that gave up or an uncaught error on any rank stops every other rank.
+        from .diagnostics import Watchdog
 
-        if settings.wait_timeout_s > 0:  # debug mode: report waits that give up, stop the other ranks
-            from .diagnostics import Watchdog
-
-            _RT.watchdog = Watchdog(_RT)
-            _RT.watchdog.start()
+        _RT.watchdog = Watchdog(_RT)
+        _RT.watchdog.start()
         _register_exit()
         return info
 
@@ -309,22 +357,30 @@ def _register_exit() -> None:
         prev = sys.excepthook
 
         def excepthook(*exc):  # an uncaught exception ends this rank, maybe alone: no collective teardown
+            from .diagnostics import failing
+
+            failing.set()      # this rank reports its own error: its watchdog must not stop it first
             prev(*exc)
-            abandon()
+            abandon(exc[1])
 
         sys.excepthook = excepthook
         _exit_registered = True
 
 
-def abandon() -> None:
+def abandon(error: BaseException | None = None) -> None:
     """Close the runtime without finalize()'s collective teardown (freeing symmetric memory, shutting
     NVSHMEM down): for a rank that stops on an error, which the other ranks may never join in those
-    collectives. Frees nothing; the end of the process releases its GPU memory. finalize() then does
-    nothing."""
+    collectives. With `error`, the other ranks are told (the job's store): their watchdogs stop them with
+    a message naming this rank and the error, instead of letting them wait for it. Frees nothing; the end
+    of the process releases its GPU memory. finalize() then does nothing."""
     global _RT
     rt = _RT
     if rt is None or rt.closed:
         return
+    if error is not None:
+        from .diagnostics import publish_failure
+
+        publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
     if rt.watchdog is not None:
         rt.watchdog.stop.set()
     rt.closed = True
@@ -384,14 +440,14 @@ def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
         return
     fn = lib.tilescale_module_init
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p]
-    rc = fn(ctypes.c_void_p(rt.wait_diag.data_ptr()))
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    rc = fn(ctypes.c_void_p(rt.wait_diag.data_ptr()), ctypes.c_void_p(rt.barrier_words))
     if rc == -1:
         raise NotInitializedError(f"kernel '{kernel_name}': NVSHMEM is not initialised in this process: "
                                   "call tilescale.init_distributed() before launching distributed kernels")
     if rc < 0:
         meaning = {-2: "cudaGetFuncBySymbol failed", -3: "cuFuncGetModule unavailable", -4: "cuFuncGetModule failed",
-                   -9: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
+                   -9: "cudaMemcpyToSymbol failed", -10: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
                                                         "headers and host library?)")
         raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
     rt.modules[key] = lib

@@ -14,11 +14,13 @@ Every allocation is checked across ranks first (same size, dtype, shape, order);
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import os
 from dataclasses import dataclass
 
-from .errors import NotSymmetricError, SymmetricHeapExhaustedError, TileScaleError, user_location
+from .errors import (NotSymmetricError, OpArgumentError, OpArgumentTypeError, SymmetricHeapExhaustedError,
+                     TileScaleError, user_location)
 from .runtime import Runtime, current
 
 
@@ -48,12 +50,16 @@ class Allocation:
     live: bool = True
 
 
+_EPOCHS = itertools.count(1)
+
+
 class _Registry:
     def __init__(self):
         self.by_base: dict[int, Allocation] = {}
         self.bases: list[int] = []
         self.seq = 0
         self.live_bytes = 0
+        self.epoch = next(_EPOCHS)   # new on every free: kernels' caches of checked pointers drop then
 
     def add(self, a: Allocation) -> None:
         self.by_base[a.base] = a
@@ -62,6 +68,7 @@ class _Registry:
 
     def remove(self, a: Allocation) -> None:
         a.live = False
+        self.epoch = next(_EPOCHS)
         del self.by_base[a.base]
         self.bases.remove(a.base)
         self.live_bytes -= a.nbytes
@@ -81,7 +88,7 @@ def _registry(rt: Runtime) -> _Registry:
     return reg
 
 
-def _dtype(dtype):
+def _dtype(dtype, op: str = "symm.empty"):
     import torch
 
     if dtype is None:
@@ -90,19 +97,15 @@ def _dtype(dtype):
         return dtype
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
         return getattr(torch, dtype)
-    raise TypeError(f"dtype: got {dtype!r}, expected a torch.dtype such as torch.bfloat16")
+    raise OpArgumentTypeError(f"{op}: dtype: got {dtype!r}, expected a torch.dtype such as torch.bfloat16")
 
 
-def _shape(shape) -> tuple:
-    if isinstance(shape, int):
-        shape = (shape,)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise TypeError(f"shape: got {shape!r}, expected a tuple of non-negative ints") from None
-    if any(s < 0 for s in shape):
-        raise ValueError(f"shape: got {shape}, expected non-negative sizes")
-    return shape
+def _shape(shape, op: str = "symm.empty") -> tuple:
+    """`shape` (an int, or a sequence of ints) as a tuple of ints >= 0: a float size is refused, not
+    truncated (OpArgumentTypeError, a TypeError; a negative size: OpArgumentError, a ValueError)."""
+    from .ops.checks import as_shape
+
+    return as_shape(op, "shape", shape, allow_int=True, sizes="non-negative sizes")
 
 
 def heap_size() -> int:
@@ -120,12 +123,16 @@ def empty(*shape, dtype=None):
     rt = current()
     if len(shape) == 1 and not isinstance(shape[0], int):
         shape = shape[0]
-    shape = _shape(shape)
-    dtype = _dtype(dtype)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     reg = _registry(rt)
+    try:  # checked before the agreement below, which also carries the verdict: no rank raises alone
+        shape, dtype, error = _shape(shape), _dtype(dtype), None
+    except OpArgumentError as e:
+        shape, dtype, error = f"invalid: {e}", repr(dtype), e
     where = user_location()
     rt.agree("symmetric allocation (seq, shape, dtype)", (reg.seq, shape, str(dtype)))
+    if error is not None:  # the same invalid arguments on every rank
+        raise error
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     heap = heap_size()
     exhausted = SymmetricHeapExhaustedError(
         f"symmetric heap exhausted: allocating {nbytes} bytes ({shape}, {dtype}) at {where} needs more than the "
@@ -170,6 +177,12 @@ def allocation_of(t) -> Allocation | None:
         return None
     n = t.numel() * t.element_size()
     return _registry(rt).find(t.data_ptr(), max(n, 1))
+
+
+def registry_epoch() -> int:
+    """Changes whenever a symmetric allocation is freed (or the runtime restarts): what a cache of pointers
+    known to be symmetric must be invalidated on."""
+    return _registry(current()).epoch
 
 
 def is_symmetric(t) -> bool:

@@ -41,7 +41,10 @@ def example_main(run: Callable, build: Callable[[int], None]) -> None:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             tilescale.finalize()
         else:  # this rank may fail alone: a collective teardown would wait for the others forever
-            tilescale.runtime.abandon()
+            from .diagnostics import failing
+
+            failing.set()                    # report this rank's own error before any watchdog stops it
+            tilescale.runtime.abandon(e)     # and tell the other ranks
         raise
     tilescale.finalize()
 

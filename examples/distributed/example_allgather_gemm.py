@@ -71,8 +71,7 @@ if pytest is not None:
     @pytest.mark.multigpu
     @pytest.mark.parametrize("nranks", [2, 4])
     def test_ag_gemm_on_gpus(nranks):
-        if testing.gpu_count() < nranks:
-            pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+        testing.skip_unless_ranks(nranks)
         proc = testing.launch(__file__, nranks, "--shape", str(1024 * nranks), "1024", "2048")
         testing.assert_all_ranks_ok(proc, nranks)
 

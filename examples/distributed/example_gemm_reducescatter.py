@@ -31,10 +31,11 @@ def operands(rank, M, N, k_local, epoch, dtype):
 
 def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
     import torch
-    import torch.distributed as dist
 
+    from tilescale import staged_collectives
     from tilescale.ops import prebuild
 
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     rank, W = info.rank, info.world_size
     prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for j in prebuild.gemm_rs_jobs([(M, K, N)], W, d)])
     kl = K // W
@@ -80,8 +81,7 @@ if pytest is not None:
     @pytest.mark.multigpu
     @pytest.mark.parametrize("nranks", [2, 4])
     def test_gemm_rs_on_gpus(nranks):
-        if testing.gpu_count() < nranks:
-            pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+        testing.skip_unless_ranks(nranks)
         proc = testing.launch(__file__, nranks, "--shape", str(512 * nranks), "1024", "2048")
         testing.assert_all_ranks_ok(proc, nranks)
 

@@ -16,8 +16,7 @@ def ring(n: int, world_size: int):
     return kernel
 
 
-def main():
-    info = tilescale.init_distributed()                    # torch.distributed + NVSHMEM, sets the device
+def run(info):                                             # info = tilescale.init_distributed()
     recv = tilescale.symm.zeros((1024,), dtype=torch.float32)   # symmetric: same buffer on every rank
     sig = tilescale.symm.zeros((1,), dtype=torch.uint64)
     src = torch.full((1024,), float(info.rank), device="cuda")
@@ -25,7 +24,10 @@ def main():
     tilescale.synchronize()
     assert recv.eq((info.rank - 1) % info.world_size).all()
     print(f"[rank {info.rank}] OK")
-    tilescale.finalize()
+
+
+def build(world_size: int):                                # no GPU (launch.sh): compile and link only
+    print(ring.build(1024, world_size).library)
 
 
 try:
@@ -38,15 +40,11 @@ if pytest is not None:
     def test_quickstart_on_two_gpus():
         from tilescale import testing
 
-        if testing.gpu_count() < 2:
-            pytest.skip(f"needs 2 GPUs, found {testing.gpu_count()}")
+        testing.skip_unless_ranks(2)
         testing.assert_all_ranks_ok(testing.launch(__file__, 2, timeout=300), 2)
 
 
 if __name__ == "__main__":
-    import os
+    from tilescale import testing
 
-    if os.environ.get("TILESCALE_COMPILE_ONLY") == "1":
-        print(ring.build(1024, int(os.environ.get("WORLD_SIZE", "2"))).library)
-    else:
-        main()
+    testing.example_main(run, build)   # init_distributed, run, finalize; or, without GPUs, build

@@ -87,8 +87,7 @@ if pytest is not None:
     @pytest.mark.multigpu
     @pytest.mark.parametrize("nranks,mode", [(2, "inlined"), (4, "inlined"), (2, "rdc"), (4, "rdc")])
     def test_ring_put_on_gpus(nranks, mode):
-        if testing.gpu_count() < nranks:
-            pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+        testing.skip_unless_ranks(nranks)
         proc = testing.launch(__file__, nranks, "--mode", mode, timeout=400)
         testing.assert_all_ranks_ok(proc, nranks)
 

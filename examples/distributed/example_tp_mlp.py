@@ -19,6 +19,10 @@ preferred: async_op + wait(), broadcast, all_to_all_single, an explicit plan id,
 back to NCCL (a split_group subgroup, op=MAX, float64) against torch. Outputs of every
 collective are poisoned (NaN) before the call. The reference is also checked against the MLP computed
 on one rank. ``--cpu`` runs the same on CPU tensors over gloo (no tilescale kernels: the passthrough).
+
+With several ranks on one GPU (the shared-GPU mode, ``TILESCALE_RANKS_PER_GPU``) NCCL cannot run:
+``init_process_group("nccl", ...)`` starts gloo instead, and both the reference and the calls that fall
+back to "NCCL" run gloo on host copies of the CUDA tensors (:mod:`tilescale.staged_collectives`).
 """
 import argparse
 import os
@@ -211,16 +215,19 @@ def run(rank: int, W: int, T: int, H: int, Fdim: int, device) -> None:
     import torch.distributed as td
 
     import tilescale.distributed as dist
+    from tilescale import staged_collectives
     from tilescale.plan import builtin
 
     on_gpu = device.type == "cuda"
+    # the reference: torch.distributed (on GPUs: NCCL, or gloo on host copies where ranks share a GPU)
+    ref_dist = staged_collectives.for_cuda() if on_gpu else td
     dtypes = (torch.float32, torch.bfloat16) if on_gpu else (torch.float32,)
     layouts = ("allreduce", "sequence")
     # 1. the reference: torch.distributed; itself checked against the MLP on one rank
     ref = {}
     for layout in layouts:
         for dt in dtypes:
-            ref[layout, dt] = step(td, layout, dt, rank, W, T, H, Fdim, device)
+            ref[layout, dt] = step(ref_dist, layout, dt, rank, W, T, H, Fdim, device)
         compare(f"torch.distributed {layout} fp32 vs one rank", ref[layout, torch.float32],
                 single_rank_reference(layout, rank, W, T, H, Fdim, device), rank, tol=1e-4)
     # 2. tilescale.distributed, default selection
@@ -248,16 +255,19 @@ def run(rank: int, W: int, T: int, H: int, Fdim: int, device) -> None:
                 raise AssertionError(f"[rank {rank}] {layout} {dt}: not every collective went to tilescale: {st}")
         compare(f"tilescale.distributed (tilescale) {layout} {dt}", got, want, rank,
                 tol=1e-5 if dt == torch.float32 else 2e-2)
-    extras(dist, td, builtin, rank, W, H, device, on_gpu)
+    extras(dist, ref_dist, builtin, rank, W, H, device, on_gpu)
     dist.set_hints(None)
     print(f"[rank {rank}] OK: TP MLP fwd/bwd ({', '.join(layouts)}; {', '.join(str(d)[6:] for d in dtypes)}) "
           f"with tilescale.distributed matches torch.distributed over {W} ranks; default selection "
           f"{default_stats}", flush=True)
 
 
-def extras(dist, td, builtin, rank, W, H, device, on_gpu) -> None:
-    """async_op, broadcast, all_to_all_single, explicit plan, and calls that fall back to NCCL."""
+def extras(dist, ref_dist, builtin, rank, W, H, device, on_gpu) -> None:
+    """async_op, broadcast, all_to_all_single, explicit plan, and calls that fall back to NCCL (`ref_dist`: the
+    reference collectives)."""
     import torch
+
+    from tilescale import staged_collectives
 
     def data(seed, *shape):
         g = torch.Generator(device=device).manual_seed(seed)
@@ -273,7 +283,7 @@ def extras(dist, td, builtin, rank, W, H, device, on_gpu) -> None:
     for dt in (torch.float32, torch.bfloat16) if on_gpu else (torch.float32,):
         x = data(100 + rank, 4096).to(dt)
         want = x.clone()
-        td.all_reduce(want)
+        ref_dist.all_reduce(want)
         # async work object
         dist.reset_stats()
         t = x.clone()
@@ -305,12 +315,12 @@ def extras(dist, td, builtin, rank, W, H, device, on_gpu) -> None:
     a_out = torch.full_like(a_in, float("nan"))
     a_ref = torch.empty_like(a_in)
     dist.all_to_all_single(a_out, a_in)
-    td.all_to_all_single(a_ref, a_in)
+    ref_dist.all_to_all_single(a_ref, a_in)
     testing.check_close("all_to_all_single", a_out, a_ref, rank)
     served("all_to_all", True, "all_to_all_single")
     # fall back to NCCL: a subgroup, op=MAX, float64 (no built-in kernel)
     halves = [list(range(W // 2)), list(range(W // 2, W))] if W > 1 else [[0]]
-    if on_gpu:
+    if on_gpu and not staged_collectives.needs_staging():   # split_group needs NCCL: not where ranks share GPUs
         sub = dist.split_group(split_ranks=halves)
     else:
         groups = [dist.new_group(ranks=h) for h in halves]
@@ -362,7 +372,13 @@ def main(argv=None) -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo", use_tilescale=True, timeout=datetime.timedelta(seconds=120))
     else:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        from tilescale import runtime
+
+        # a GPU per rank; where ranks share GPUs (TILESCALE_RANKS_PER_GPU), the one tilescale gives this rank
+        # (and then init_process_group starts gloo instead of NCCL, which refuses two ranks on one GPU)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", W))
+        gpus = runtime.device_map(local_world, torch.cuda.device_count(), settings.ranks_per_gpu)
+        device = torch.device("cuda", gpus[int(os.environ.get("LOCAL_RANK", rank))])
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", use_tilescale=True, device_id=device)
     try:
@@ -397,8 +413,7 @@ if pytest is not None:
     @pytest.mark.multigpu
     @pytest.mark.parametrize("nranks", [2, 4])
     def test_tp_mlp_on_gpus(nranks):
-        if testing.gpu_count() < nranks:
-            pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+        testing.skip_unless_ranks(nranks)
         proc = testing.launch(__file__, nranks, timeout=600, env={"TILESCALE_DIST_DEBUG": "1"})
         testing.assert_all_ranks_ok(proc, nranks)
 

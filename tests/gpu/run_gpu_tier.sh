@@ -3,7 +3,8 @@
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                # every gpu / multigpu test, in three parts
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks1,ranks2,ranks4 # the same parts, named: one-GPU tests, 2 ranks, 4 ranks
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
-#   ... collectives,profile,soak,gemm_configs (SOAK_ITERS=N shortens the soak)
+#   ... collectives,profile,soak,soak_all,gemm_configs (SOAK_ITERS=N shortens the soaks; soak_all: every op on
+#   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer)
 # (PYTEST_K=expr narrows the tests.) With fewer GPUs than ranks the multi-rank tests run with ranks sharing
 # GPUs (TILESCALE_RANKS_PER_GPU; gloo / recomputed references instead of NCCL): correctness only.
 # The parts of `tests` run side by side (PARALLEL=0: one after the other), each bounded by PART_TIMEOUT
@@ -29,34 +30,45 @@ step() {  # step NAME SECONDS CMD...
   echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
   grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
 }
-tier_part() {  # tier_part ranksN: the gpu / multigpu tests of world size N, in a pytest of its own
-  local part=$1 n=${1#ranks} t0=$SECONDS rc
+tier_part() {  # tier_part ranksN [I K]: the gpu / multigpu tests of world size N (shard I of K), in a pytest of its own
+  local part=$1 n=${1#ranks} i=${2:-1} k=${3:-1} t0=$SECONDS rc
+  local name=$part; [ "$k" -gt 1 ] && name="$part.$i"
   local marker="multigpu"; [ "$n" = 1 ] && marker="gpu"
-  timeout -k 10 "$PART_TIMEOUT" python3 -m pytest -m "$marker" --ranks "$n" -v -rs --timeout $((PART_TIMEOUT - 20)) \
-    -p no:cacheprovider --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} tests examples > "$OUTD/$part.log" 2>&1
+  timeout -k 10 "$PART_TIMEOUT" python3 -m pytest -m "$marker" --ranks "$n" --shard "$i/$k" -v -rs \
+    --timeout $((PART_TIMEOUT - 20)) -p no:cacheprovider --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} tests examples \
+    > "$OUTD/$name.log" 2>&1
   rc=$?
   local counts
-  counts=$(grep -a -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$OUTD/$part.log" | tail -1 | tr -d '=')
-  echo "$part (world size $n, $([ "$n" -gt "$NG" ] && echo "ranks sharing $NG GPU(s)" || echo "distinct GPUs")): rc=$rc in $((SECONDS - t0)) s:${counts:- no pytest summary (timed out?)}" \
-    > "$OUTD/$part.summary"
-  echo "--- $(cat "$OUTD/$part.summary")"
-  grep -a -E "PASSED|FAILED|ERROR|SKIPPED" "$OUTD/$part.log" | grep -v "INFO\]" | tail -60
+  counts=$(grep -a -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$OUTD/$name.log" | tail -1 | tr -d '=')
+  echo "$name (world size $n, $([ "$n" -gt "$NG" ] && echo "ranks sharing $NG GPU(s)" || echo "distinct GPUs"), shard $i/$k): rc=$rc in $((SECONDS - t0)) s:${counts:- no pytest summary (timed out?)}" \
+    > "$OUTD/$name.summary"
+  echo "--- $(cat "$OUTD/$name.summary")"
+  grep -a -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUTD/$name.log" | grep -v "INFO\]" | tail -60
 }
 for what in ${WHAT//,/ }; do
   case $what in
     tests|ranks1|ranks2|ranks4)
+      # The parts run side by side (PARALLEL=0: one after the other); world sizes 2 and 4 in SHARDS shards
+      # each. Ranks share the GPU(s): a smaller symmetric heap per rank keeps them all in memory.
+      export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
       parts=$what; [ "$what" = tests ] && parts="ranks1 ranks2 ranks4"
-      pids=()
+      pids=(); names=()
       for part in $parts; do
-        if [ "${PARALLEL:-1}" = 1 ] && [ "$what" = tests ]; then
-          tier_part "$part" & pids+=($!)
-        else
-          tier_part "$part"
-        fi
+        k=${SHARDS:-3}; [ "$part" = ranks1 ] && k=1
+        for i in $(seq "$k"); do
+          names+=("$part$([ "$k" -gt 1 ] && echo ".$i")")
+          if [ "${PARALLEL:-1}" = 1 ]; then tier_part "$part" "$i" "$k" & pids+=($!); else tier_part "$part" "$i" "$k"; fi
+        done
       done
       for p in "${pids[@]}"; do wait "$p"; done
-      for part in $parts; do
-        [ -f "$OUTD/$part.summary" ] && summary+=("$(cat "$OUTD/$part.summary")")
+      for name in "${names[@]}"; do
+        [ -f "$OUTD/$name.summary" ] && summary+=("$(cat "$OUTD/$name.summary")")
+      done
+      for n in 1 2 4; do   # counts per world size, over its shards
+        tot=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ PASSED" )
+        bad=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ (FAILED|ERROR)" )
+        skp=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ SKIPPED" )
+        summary+=("world size $n: $tot passed, $bad failed, $skp skipped")
       done ;;
     build_modes) step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 \
              --json "$OUTD/build_modes.json" ;;
@@ -71,9 +83,13 @@ for what in ${WHAT//,/ }; do
              --json "$OUTD/profile_ag_gemm.json" ;;
     soak) step soak_ag_gemm 240 env GPUS="$NG" bash launch.sh benchmarks/soak_ag_gemm.py --json "$OUTD/soak.json" \
              ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ;;
+    soak_all) sr=${SOAK_RANKS:-4}; rpg=""; [ "$NG" -gt 0 ] && [ "$sr" -gt "$NG" ] && rpg=$(( (sr + NG - 1) / NG ))
+             step soak_collectives 560 env GPUS="$sr" ${rpg:+TILESCALE_RANKS_PER_GPU="$rpg"} bash launch.sh \
+             benchmarks/soak_collectives.py --json "$OUTD/soak_all.json" --budget-s 480 \
+             ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ;;
     gemm_configs) step bench_gemm_configs 300 env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py \
              --json "$OUTD/gemm_configs.json" ;;
-    *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, gemm_configs)"; exit 2 ;;
+    *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, soak_all, gemm_configs)"; exit 2 ;;
   esac
 done
 echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -12,7 +12,12 @@ rank's kernel spins until the previous rank's signal arrives), checks the result
 * ``raise_one``: rank 1 raises; the other ranks go on calling the ring, whose kernels now wait forever
   for rank 1 (the job must still end: torchrun stops them once rank 1 has exited);
 * ``raise_one_bare``: the same without example_main (a user script with an uncaught exception);
-* ``loop``: rounds until killed (the Ctrl-C test), at most 300 s.
+* ``loop``: rounds until killed (the Ctrl-C and SIGHUP tests), at most 300 s;
+* ``never_barrier``: rank 0 never joins the next tilescale.barrier() (it sleeps); the others' barrier gives
+  up after TILESCALE_WAIT_TIMEOUT_S and every rank is stopped;
+* ``caught_exit``: rank 1 catches an error and leaves normally (SystemExit(0): example_main finalises, a
+  collective teardown the others never join); the others wait in their ring kernels until the bound;
+* ``kill9``: rank 1 kills itself with SIGKILL (nothing of it runs after).
 """
 import os
 import sys
@@ -25,7 +30,8 @@ import tilescale.language as T
 from tilescale import testing
 
 N = 1 << 16
-MODES = ("normal", "atexit", "raise_all", "raise_one", "raise_one_bare", "loop")
+MODES = ("normal", "atexit", "raise_all", "raise_one", "raise_one_bare", "loop", "never_barrier", "caught_exit",
+         "kill9")
 
 
 @tilescale.jit
@@ -88,7 +94,25 @@ def work(info, mode: str) -> None:
     if mode == "raise_all" or (mode.startswith("raise_one") and r == 1):
         time.sleep(0.5)
         raise RuntimeError(f"teardown_main: intentional failure on rank {r}")
-    deadline = time.monotonic() + 300             # loop / raise_one on the ranks that go on
+    if mode == "never_barrier":
+        if r == 0:
+            time.sleep(120)                      # stopped long before: another rank's barrier gives up
+            print(f"[rank {r}] UNEXPECTED: not stopped while skipping a barrier", flush=True)
+            return
+        tilescale.barrier()
+        tilescale.synchronize()                  # raises WaitTimeoutError after the bound
+        print(f"[rank {r}] UNEXPECTED: a barrier without rank 0 completed", flush=True)
+        return
+    if mode == "caught_exit" and r == 1:
+        try:
+            raise ValueError("teardown_main: an error rank 1 catches")
+        except ValueError as e:
+            print(f"[rank {r}] caught {e}; leaving normally", flush=True)
+        raise SystemExit(0)
+    if mode == "kill9" and r == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), 9)
+    deadline = time.monotonic() + 300             # loop / raise_one / caught_exit / kill9: the ranks that go on
     while time.monotonic() < deadline:
         for _ in range(20):
             ring.round(src)

@@ -52,6 +52,14 @@ int ts_n_pes() { return nvshmem_n_pes(); }
 int ts_team_node_size() { return nvshmem_team_n_pes(NVSHMEMX_TEAM_NODE); }
 
 void* ts_malloc(size_t n) { return nvshmem_malloc(n); }  // collective
+// Collective: n symmetric bytes, zero on every PE before any PE returns (the runtime's barrier words).
+void* ts_malloc_zeroed(size_t n) {
+  void* p = nvshmem_malloc(n);
+  if (p == nullptr) return nullptr;
+  if (cudaMemset(p, 0, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return nullptr;
+  nvshmem_barrier_all();
+  return p;
+}
 void ts_free(void* p) { nvshmem_free(p); }               // collective
 void* ts_ptr(const void* p, int pe) { return nvshmem_ptr(p, pe); }
 

@@ -61,7 +61,9 @@ for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilesc
     register_symmetric_args(_name, _pos)
 
 # wait site id -> "file:line" of the user's kernel (ids are stable across processes: a hash).
-WAIT_SITES: dict[int, str] = {}
+# Barriers (T.barrier_all, T.sync_all, tilescale.barrier, the barriers of symm.zeros/free) report site -2.
+BARRIER_SITE = -2
+WAIT_SITES: dict[int, str] = {BARRIER_SITE: "a barrier of all ranks (T.barrier_all / T.sync_all / tilescale.barrier)"}
 
 
 def _err(op: str, msg: str) -> LanguageError:
@@ -531,15 +533,16 @@ def quiet():
     T.evaluate(T.call_extern("handle", "nvshmem_quiet"))
 
 
-_BARRIER_SCOPES = {"thread": "nvshmem_barrier_all", "warp": "nvshmemx_barrier_all_warp",
-                   "block": "nvshmemx_barrier_all_block", "grid": None}
-_SYNC_SCOPES = {"thread": "nvshmem_sync_all", "warp": "nvshmemx_sync_all_warp",
-                "block": "nvshmemx_sync_all_block", "grid": None}
+_BARRIER_SCOPES = {"thread": "tilescale::barrier_all<0>", "warp": "tilescale::barrier_all<1>",
+                   "block": "tilescale::barrier_all<2>", "grid": None}
+_SYNC_SCOPES = {"thread": "tilescale::sync_all<0>", "warp": "tilescale::sync_all<1>",
+                "block": "tilescale::sync_all<2>", "grid": None}
 
 
 def barrier_all(*, scope="block"):
     """Barrier of all ranks: completes this rank's outstanding puts (quiet), then waits until every rank
-    arrives. ``scope`` says who calls it on each rank:
+    arrives. Bounded like every wait (``TILESCALE_WAIT_TIMEOUT_S``): a rank that never arrives stops the
+    kernel with a record naming the barrier. ``scope`` says who calls it on each rank:
     "block": all threads of exactly one block per rank; "warp": one warp; "thread": one thread;
     "grid": every block of the kernel (a grid sync, the first block's barrier, a grid sync; the kernel is
     then launched cooperatively so all its blocks are co-resident, or the launch fails with an error)."""

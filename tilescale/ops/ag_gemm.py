@@ -28,8 +28,20 @@ import tilescale.language as T
 from ..profiler import session as profiling
 from ..profiler.device_timeline import TILE_WORDS
 from . import op_cache
+from . import checks
 from .capture import refuse_graph_capture
 from .gemm import GemmConfig, check, gemm_config
+
+
+def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
+    """The construction checks shared by :class:`AGGemm` and :class:`GemmRS`: positive int sizes, a GEMM
+    dtype (bf16, fp16), a GemmConfig or None."""
+    for name, v in (("M", M), ("N", N), (k_name, K)):
+        checks.as_int(op, name, v)
+    checks.as_dtype(op, "dtype", dtype, checks.GEMM_DTYPES, note=" (the Hopper wgmma GEMM)")
+    if config is not None and not isinstance(config, GemmConfig):
+        checks.fail(op, "config", checks.describe(config), "a tilescale.ops.gemm.GemmConfig (or None: tuned)",
+                    type_error=True)
 
 
 @tilescale.jit
@@ -119,16 +131,25 @@ class AGGemm:
 
         from .. import runtime, symm
         from ..env import settings
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        profile = settings.profile_device if profile is None else bool(profile)
-        require_same_on_all_ranks("AGGemm", M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile)
+        with checks.deferred("AGGemm") as d:
+            profile = settings.profile_device if profile is None else profile
+            check_problem("AGGemm", M, N, K, dtype, config, "K")
+            checks.as_int("AGGemm", "chunks", chunks, allow_none=True)
+            if not isinstance(profile, bool) and profile not in (0, 1):
+                checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
+                            type_error=True)
+            profile = bool(profile)
+            W = rt.info.world_size
+            args = kernel_args(M, N, K, W, checks.dtype_name(dtype), chunks, config)
+        require_same_on_all_ranks("AGGemm", d.error, M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config,
+                                  profile=profile)
         self.rt = rt
         W = self.world_size = rt.info.world_size
         self.rank = rt.info.rank
-        tl_dtype = str(dtype).replace("torch.", "")
-        self.args = kernel_args(M, N, K, W, tl_dtype, chunks, config)
+        self.args = args
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
         self.chunks = self.args[4]
@@ -141,6 +162,9 @@ class AGGemm:
         self.kernel.prepare()
         self.kernel_prof = ag_gemm_kernel(*self.args, profile=True).prepare() if profile else None
         self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("AGGemm")
+        self._order = checks.StreamOrder(self.device)
 
     def gathered(self):
         return self.a_full[self.epoch % 2]
@@ -152,20 +176,33 @@ class AGGemm:
         for t in (*self.a_full,):
             symm.free(t)
 
+    def _validate(self, a_local, b, out) -> None:
+        """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides:
+        copied into the gathered buffer); `b` (K, N) and `out` (M, N) handed to the kernel as they are:
+        contiguous and 16-byte aligned (TMA)."""
+        d, dt = self.device, self.dtype
+        checks.check_tensor("AGGemm", "a_local", a_local, shape=(self.rows, self.K), dtype=dt, device=d,
+                            what="M / world_size rows")
+        checks.check_tensor("AGGemm", "b", b, shape=(self.K, self.N), dtype=dt, device=d, contiguous=True,
+                            aligned=True)
+        if out is not None:
+            checks.check_tensor("AGGemm", "out", out, shape=(self.M, self.N), dtype=dt, device=d, contiguous=True,
+                                aligned=True)
+
     def __call__(self, a_local, b, out=None):
         refuse_graph_capture("AGGemm")
         import ctypes
 
         import torch
 
-        if tuple(a_local.shape) != (self.rows, self.K) or tuple(b.shape) != (self.K, self.N):
-            raise ValueError(f"a_local, b: got {tuple(a_local.shape)}, {tuple(b.shape)}; expected "
-                             f"({self.rows}, {self.K}), ({self.K}, {self.N})")
+        self._check((checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)),
+                    self._validate, a_local, b, out)
+        main = torch.cuda.current_stream()
+        self._order(main.cuda_stream)  # another stream than the last call's: ordered after that one
         self.epoch += 1
         rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K) if profiling.current is not None else None
         e, p, W, r = self.epoch, self.epoch % 2, self.world_size, self.rank
         a_full = self.a_full[p]
-        main = torch.cuda.current_stream()
         a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)
         c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
         # The barrier runs on the main stream, before the GEMM: a GEMM whose blocks spin on the GPU must
@@ -205,9 +242,46 @@ def _cached(M, N, K, dtype, world_size):
     return AGGemm(M, N, K, dtype)
 
 
-def ag_gemm(a_local, b):
-    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per shape."""
+_fn_check = checks.CallCheck("ag_gemm")
+
+
+def _validate_fn(a_local, b) -> None:
+    checks.check_tensor("ag_gemm", "a_local", a_local, dtypes=checks.GEMM_DTYPES, min_dims=2)
+    checks.check_tensor("ag_gemm", "b", b, dtype=a_local.dtype, min_dims=2)
+    if a_local.dim() != 2 or b.dim() != 2 or a_local.shape[1] != b.shape[0]:
+        checks.fail("ag_gemm", "b", checks.describe(b), f"a 2-D ({a_local.shape[-1]}, N) tensor for a_local "
+                    f"{tuple(a_local.shape)} (2-D operands, inner sizes equal)")
+
+
+ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
+
+
+def padded_rows(rows: int) -> int:
+    """The rows per rank that :func:`ag_gemm` and :func:`~tilescale.ops.gemm_rs.gemm_rs` run: `rows`
+    rounded up to a multiple of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
+    return -(-rows // ROW_TILE) * ROW_TILE
+
+
+def ag_gemm(a_local, b, *, return_gathered: bool = False):
+    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per shape.
+
+    Any number of rows: a shard whose rows are not a multiple of 128 runs as a shard padded with zero rows
+    (one copy of the shard), whose results are dropped (one copy of C). ``return_gathered=True`` returns
+    ``(c, all_gather(a_local))`` (the gathered A, a copy: the op's buffer is reused two calls later)."""
     from .. import runtime
 
+    _fn_check((checks.signature(a_local), checks.signature(b)), _validate_fn, a_local, b)
     W = runtime.current().info.world_size
-    return _cached(a_local.shape[0] * W, b.shape[1], b.shape[0], a_local.dtype, W)(a_local, b)
+    (rows, K), N = a_local.shape, b.shape[1]
+    rp = padded_rows(rows)
+    op = _cached(rp * W, N, K, a_local.dtype, W)
+    if rp == rows:
+        c = op(a_local, b)
+        return (c, op.gathered().clone()) if return_gathered else c
+    a_p = a_local.new_empty((rp, K))
+    a_p[:rows].copy_(a_local)
+    a_p[rows:].zero_()
+    c = op(a_p, b).view(W, rp, N)[:, :rows].reshape(W * rows, N)
+    if not return_gathered:
+        return c
+    return c, op.gathered().view(W, rp, K)[:, :rows].reshape(W * rows, K)

@@ -28,7 +28,7 @@ The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritt
 import tilescale
 import tilescale.language as T
 
-from . import op_cache
+from . import checks, op_cache
 from .capture import refuse_graph_capture
 from .direct_launch import direct_entry
 from .reduce_scatter import PASS_CONFIGS
@@ -104,7 +104,11 @@ def check_splits(every: list[dict], rank: int) -> None:
     bad = [(r, v["err"]) for r, v in enumerate(every) if v["err"]]
     if bad:
         if every[rank]["err"]:
-            raise ValueError(f"all_to_all_single: {every[rank]['err']}")
+            from ..errors import OpArgumentError
+
+            others = [r for r, _ in bad if r != rank]
+            raise OpArgumentError(f"all_to_all_single: {every[rank]['err']}"
+                                  + (f" [also invalid on rank(s) {others}; this is rank {rank}]" if others else ""))
         raise CollectiveMismatchError("all_to_all_single: invalid arguments on other ranks (" +
                                       "; ".join(f"rank {r}: {e}" for r, e in bad) + f"); this is rank {rank}")
     if len({(v["row"], v["dtype"]) for v in every}) > 1:
@@ -148,26 +152,27 @@ class AllToAll:
 
         from .. import runtime, symm
         from . import vectors
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        # first: every rank learns whether all passed the same arguments (then all raise alike below)
-        require_same_on_all_ranks("AllToAll", shape=shape, dtype=dtype, capacity_rows=_capacity_rows,
-                                  blocks_per_peer=blocks_per_peer, threads=threads)
-        self.shape = vectors.as_shape("AllToAll", shape)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"AllToAll: dtype: got {dtype!r}, expected a torch.dtype")
-        if len(self.shape) == 0:
-            raise ValueError(f"AllToAll: shape: got {self.shape}, expected (rows, ...) with at least one dimension")
         self.world_size = W = rt.info.world_size
         self.rank = rt.info.rank
-        vectors.check_launch("AllToAll", blocks_per_peer, threads, W, lambda: max(1, vectors.sm_count() // W))
-        if blocks_per_peer is not None and blocks_per_peer < W:
-            raise ValueError(f"AllToAll: blocks_per_peer: got {blocks_per_peer}, expected at least the world size {W} "
-                             "(blocks (b < W, 0) do the final waits)")
-        if _capacity_rows is None and self.shape[0] % W:
-            raise ValueError(f"AllToAll: shape: got {self.shape}, expected (rows, ...) with rows divisible by the "
-                             f"world size {W} (equal splits; all_to_all_single takes split sizes)")
+        with checks.deferred("AllToAll") as d:
+            self.shape = vectors.as_shape("AllToAll", shape)
+            checks.as_dtype("AllToAll", "dtype", dtype)
+            if len(self.shape) == 0:
+                checks.fail("AllToAll", "shape", repr(self.shape), "(rows, ...) with at least one dimension")
+            checks.as_int("AllToAll", "_capacity_rows", _capacity_rows, lo=0, allow_none=True)
+            vectors.check_launch("AllToAll", blocks_per_peer, threads, W, lambda: max(1, vectors.sm_count() // W))
+            if blocks_per_peer is not None and blocks_per_peer < W:
+                checks.fail("AllToAll", "blocks_per_peer", repr(blocks_per_peer), f"at least the world size {W} "
+                            "(blocks (b < W, 0) do the final waits)")
+            if _capacity_rows is None and self.shape[0] % W:
+                checks.fail("AllToAll", "shape", repr(self.shape), f"(rows, ...) with rows divisible by the world size "
+                            f"{W} (equal splits; all_to_all_single takes split sizes)")
+        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
+        require_same_on_all_ranks("AllToAll", d.error, shape=shape, dtype=dtype, capacity_rows=_capacity_rows,
+                                  blocks_per_peer=blocks_per_peer, threads=threads)
         self.dtype = dtype
         self.row_bytes = _row_bytes(self.shape, dtype)
         self.capacity_rows = self.shape[0] if _capacity_rows is None else _capacity_rows
@@ -191,6 +196,9 @@ class AllToAll:
                                                              "n_out"))
         self._stream = vectors.stream_getter()
         self._size = torch.Size(self.shape)
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("AllToAll")
+        self._order = checks.StreamOrder(self.device)
         if _capacity_rows is None:
             rows = self.shape[0] // W
             self.meta = self._meta([rows] * W, [[rows] * W for _ in range(W)])
@@ -216,26 +224,29 @@ class AllToAll:
 
         if not x.is_contiguous():
             x = x.contiguous()
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
         self.epoch += 1
         if self._direct is not None:
             fn, err = self._direct
             if fn(x.data_ptr(), self.out.data_ptr(), meta.data_ptr(), self.ready.data_ptr(), self.arrived.data_ptr(),
-                  self.epoch, x.nbytes, self._out_bytes.numel(), self._stream()) != 0:
+                  self.epoch, x.nbytes, self._out_bytes.numel(), stream) != 0:
                 raise vectors.launch_failed("all_to_all", err)
             return
         xb = x.view(-1).view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8, device=x.device)
         self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.epoch)
 
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks): `x` and `out` (None: the op's buffer) of this op's shape and
+        dtype on this GPU (any strides: staged)."""
+        checks.check_tensor("AllToAll", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
+        if out is not None:
+            checks.check_tensor("AllToAll", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
+
     def __call__(self, x, out=None):
         refuse_graph_capture("AllToAll")
-        import torch
-
-        from . import vectors
-
-        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
-            vectors.check_tensor("AllToAll", "x", x, self.shape, self.dtype)
-        if out is not None:
-            vectors.check_tensor("AllToAll", "out", out, self.shape, self.dtype)
+        self._check((checks.signature(x), checks.signature(out)), self._validate, x, out)
         self._launch(x, self.meta)
         if out is None or out.data_ptr() == self.out.data_ptr():
             return self.out
@@ -271,6 +282,27 @@ def _splits(name: str, sizes, rows: int, W: int) -> tuple[list[int] | None, str 
     return s, None
 
 
+_fn_check = checks.CallCheck("all_to_all_single")
+
+
+def _validate_fn(output, input, W) -> None:  # noqa: A002
+    """Checks of all_to_all_single's tensors; with the world size `W`: those of equal splits too."""
+    for name, t in (("output", output), ("input", input)):
+        checks.check_tensor("all_to_all_single", name, t, min_dims=1)
+    if output.dtype != input.dtype or tuple(output.shape[1:]) != tuple(input.shape[1:]):
+        rows = ", ".join(map(str, input.shape[1:]))
+        checks.fail("all_to_all_single", "output", checks.describe(output),
+                    f"(rows, {rows}) {input.dtype} (input's row shape and dtype)")
+    if W is None:
+        return
+    if tuple(output.shape) != tuple(input.shape):
+        checks.fail("all_to_all_single", "output", checks.describe(output),
+                    f"shape {tuple(input.shape)} (equal splits: the shape of input)")
+    if input.shape[0] % W:
+        checks.fail("all_to_all_single", "input", f"{input.shape[0]} rows", f"a multiple of the world size {W} "
+                    "(or pass split sizes)")
+
+
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
     """``torch.distributed.all_to_all_single(output, input, output_split_sizes, input_split_sizes)``.
 
@@ -280,34 +312,28 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     on the host (one small all_gather over the control group per call) and checked; a mismatch raises
     :class:`~tilescale.errors.CollectiveMismatchError` on every rank. Returns `output`.
     """
-    import torch
-
     from .. import runtime
 
-    for name, t in (("output", output), ("input", input)):
-        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() == 0:
-            raise ValueError(f"all_to_all_single: {name}: got {type(t).__name__}"
-                             f"{' ' + str(tuple(t.shape)) + ' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}"
-                             ", expected a CUDA tensor with at least one dimension")
-    if output.dtype != input.dtype or tuple(output.shape[1:]) != tuple(input.shape[1:]):
-        raise ValueError(f"all_to_all_single: output: got {tuple(output.shape)} {output.dtype}, expected "
-                         f"(rows, {', '.join(map(str, input.shape[1:]))}) {input.dtype} (input's row shape and dtype)")
-    rt = runtime.current()
-    W, me = rt.info.world_size, rt.info.rank
-    if output_split_sizes is None and input_split_sizes is None:
-        if tuple(output.shape) != tuple(input.shape):
-            raise ValueError(f"all_to_all_single: output: got {tuple(output.shape)}, expected {tuple(input.shape)} "
-                             "(equal splits: the shape of input)")
-        if input.shape[0] % W:
-            raise ValueError(f"all_to_all_single: input: got {input.shape[0]} rows, expected a multiple of the "
-                             f"world size {W} (or pass split sizes)")
+    equal = output_split_sizes is None and input_split_sizes is None
+    rt = checks.runtime_or_none()
+    if equal:  # checked (and agreed across ranks) once per signature
+        _fn_check((checks.signature(output), checks.signature(input)), _validate_fn, output, input,
+                  rt.info.world_size if rt is not None else None)
+        W = runtime.current().info.world_size
         op = _cached(tuple(input.shape), input.dtype, W)
         return op(input, out=output)
 
     # variable splits: every rank learns every rank's splits (and whether its arguments were valid)
-    send, err_in = _splits("input_split_sizes", input_split_sizes, input.shape[0], W)
-    recv, err_out = _splits("output_split_sizes", output_split_sizes, output.shape[0], W)
-    mine = dict(send=send, recv=recv, err=err_in or err_out, row=tuple(input.shape[1:]), dtype=str(input.dtype))
+    with checks.deferred("all_to_all_single") as d:
+        _validate_fn(output, input, None)
+    rt = runtime.current()
+    W, me = rt.info.world_size, rt.info.rank
+    if d.error is not None:
+        mine = dict(send=None, recv=None, err=str(d.error).removeprefix("all_to_all_single: "), row=None, dtype=None)
+    else:
+        send, err_in = _splits("input_split_sizes", input_split_sizes, input.shape[0], W)
+        recv, err_out = _splits("output_split_sizes", output_split_sizes, output.shape[0], W)
+        mine = dict(send=send, recv=recv, err=err_in or err_out, row=tuple(input.shape[1:]), dtype=str(input.dtype))
     every = rt.all_gather_object(mine)
     check_splits(every, me)
     most = max(sum(v["recv"]) for v in every)

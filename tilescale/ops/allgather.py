@@ -54,7 +54,8 @@ from tilelang import tvm
 from ..profiler import session as profiling
 from . import op_cache
 from .capture import refuse_graph_capture
-from .consistency import require_same_on_all_ranks
+from . import checks
+from .checks import require_same_on_all_ranks
 from .direct_launch import direct_entry
 from .vectors import stream_getter
 
@@ -115,23 +116,27 @@ class AllGather:
         from .. import runtime, symm
 
         rt = runtime.current()
-        # first, and with the raw arguments: a rank whose arguments are also invalid must not raise alone
-        require_same_on_all_ranks("AllGather", shape=tuple(shape), dtype=dtype, blocks_per_peer=blocks_per_peer,
+        with checks.deferred("AllGather") as d:
+            self.shape = checks.as_shape("AllGather", "shape", shape, lo=1, min_dims=1,
+                                         sizes="a non-empty shard shape (rows, *cols): sizes >= 1")
+            checks.as_dtype("AllGather", "dtype", dtype, checks.COPY_DTYPES)
+            n = math.prod(self.shape)
+            if n >= 1 << 31:
+                checks.fail("AllGather", "shape", f"{self.shape} ({n} elements)",
+                            "fewer than 2**31 elements per shard")
+            checks.as_int("AllGather", "blocks_per_peer", blocks_per_peer, allow_none=True)
+            if not checks._is_int(threads) or not 32 <= threads <= 1024 or threads % 32:
+                checks.fail("AllGather", "threads", repr(threads), "a multiple of 32 in [32, 1024]",
+                            type_error=not checks._is_int(threads))
+        # with the raw arguments and this rank's verdict on them: a rank whose arguments are invalid must not
+        # raise alone (every rank raises if the arguments differ, or if they are invalid on any rank)
+        require_same_on_all_ranks("AllGather", d.error, shape=shape, dtype=dtype, blocks_per_peer=blocks_per_peer,
                                   threads=threads)
         self.world_size = W = rt.info.world_size
         self.rank = rt.info.rank
-        self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
-        self.n = n = math.prod(self.shape)
-        if not self.shape or n < 1:
-            raise ValueError(f"shape: got {self.shape}, expected a non-empty shard shape (rows, *cols)")
-        if n >= 1 << 31:
-            raise ValueError(f"shape: got {self.shape} ({n} elements), expected fewer than 2**31 elements per shard")
-        if blocks_per_peer is not None and (isinstance(blocks_per_peer, bool) or not isinstance(blocks_per_peer, int)
-                                            or blocks_per_peer < 1):
-            raise ValueError(f"blocks_per_peer: got {blocks_per_peer!r}, expected a positive int (or None: by size)")
-        if isinstance(threads, bool) or not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32:
-            raise ValueError(f"threads: got {threads!r}, expected a multiple of 32 in [32, 1024]")
+        self.n = n
+        self.device = checks.this_device()
         esize = torch.empty((), dtype=dtype).element_size()
         self.blocks_per_peer = blocks_per_peer or default_blocks_per_peer(n * esize, W)
         self.threads = threads
@@ -147,6 +152,9 @@ class AllGather:
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
         self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived)]
         self._stream = stream_getter(rt.device.index if rt.device.index is not None else torch.cuda.current_device())
+        self._check = checks.CallCheck("AllGather")
+        self._agreed = self._check.agreed
+        self._order = checks.StreamOrder(self.device)
 
     @property
     def out(self):
@@ -165,13 +173,31 @@ class AllGather:
         for t in (self._slots, self.arrived):
             symm.free(t)
 
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks by ``self._check``): `x` a shard of this op's shape and dtype
+        on this GPU (any strides: staged), `out` None or a (W * rows, *cols) tensor of the dtype on this GPU
+        (any strides: copied into)."""
+        checks.check_tensor("AllGather", "x", x, shape=self.shape, dtype=self.dtype, device=self.device,
+                            what="the shard shape this AllGather was built for")
+        if out is not None:
+            checks.check_tensor("AllGather", "out", out, shape=tuple(self.buffers[0].shape), dtype=self.dtype,
+                                device=self.device, what="world_size x the shard")
+
     def __call__(self, x, out=None):
         refuse_graph_capture("AllGather")
-        if tuple(x.shape) != self.shape or x.dtype != self.dtype:
-            raise ValueError(f"x: got {tuple(x.shape)} {x.dtype}, expected {self.shape} {self.dtype} "
-                             "(the shard shape this AllGather was built for)")
+        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
+            key = (type(x), x.dtype, x.shape, x.device,
+                   None if out is None else (type(out), out.dtype, out.shape, out.device))
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, x, out)
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
         s = self.calls % 2
         self.calls += 1
         r = (self.calls + 1) // 2
@@ -179,7 +205,7 @@ class AllGather:
         if self._direct is not None:
             fn, err = self._direct
             o, a = self._ptrs[s]
-            if fn(x.data_ptr(), o, a, r, self.n, self._stream()) != 0:
+            if fn(x.data_ptr(), o, a, r, self.n, stream) != 0:
                 raise RuntimeError(f"allgather kernel launch failed: {err().decode(errors='replace')}")
         else:
             self.kernel.launch(x.view(-1), self._out2d[s], self.arrived[s], r)
@@ -188,8 +214,6 @@ class AllGather:
         result = self.buffers[s]
         if out is None or out.data_ptr() == result.data_ptr():
             return result
-        if out.shape != result.shape or out.dtype != result.dtype:  # after the launch: peers are not left waiting
-            raise ValueError(f"out: got {tuple(out.shape)} {out.dtype}, expected {tuple(result.shape)} {result.dtype}")
         out.copy_(result)
         return out
 
@@ -199,10 +223,23 @@ def _cached(shape, dtype, world_size):
     return AllGather(shape, dtype)
 
 
+_fn_check = checks.CallCheck("all_gather")
+_fn_into_check = checks.CallCheck("all_gather_into_tensor")
+
+
+def _validate_shard(op: str, x) -> None:
+    checks.check_tensor(op, "input" if op == "all_gather_into_tensor" else "x", x, dtypes=checks.COPY_DTYPES,
+                        min_dims=1)
+    if x.numel() < 1:
+        checks.fail(op, "input" if op == "all_gather_into_tensor" else "x", checks.describe(x),
+                    "a non-empty shard")
+
+
 def all_gather(x):
     """``torch.cat(all_gather(x))`` over all ranks: a new tensor (W * rows, ...)."""
     from .. import runtime
 
+    _fn_check(checks.signature(x), _validate_shard, "all_gather", x)
     return _cached(tuple(x.shape), x.dtype, runtime.current().info.world_size)(x).clone()
 
 
@@ -211,9 +248,17 @@ def all_gather_into_tensor(output, input):  # noqa: A002  (torch's argument name
     when `output` is the slot this call writes (``_cached(...).next_out``)."""
     from .. import runtime
 
-    ag = _cached(tuple(input.shape), input.dtype, runtime.current().info.world_size)
-    want = (ag.world_size * ag.shape[0], *ag.shape[1:])
-    if tuple(output.shape) != want or output.dtype != ag.dtype:
-        raise ValueError(f"output: got {tuple(output.shape)} {output.dtype}, expected {want} {ag.dtype} "
-                         f"(world_size x input rows)")
+    rt = checks.runtime_or_none()
+    _fn_into_check((checks.signature(output), checks.signature(input)), _validate_into, output, input,
+                   rt.info.world_size if rt is not None else None)
+    W = runtime.current().info.world_size
+    ag = _cached(tuple(input.shape), input.dtype, W)
     return ag(input, out=output)
+
+
+def _validate_into(output, input, W) -> None:  # noqa: A002
+    _validate_shard("all_gather_into_tensor", input)
+    if W is None:  # no runtime: no world size (and the call stops right after)
+        return checks.check_tensor("all_gather_into_tensor", "output", output, dtype=input.dtype)
+    checks.check_tensor("all_gather_into_tensor", "output", output, shape=(W * input.shape[0], *input.shape[1:]),
+                        dtype=input.dtype, what="world_size x input rows")

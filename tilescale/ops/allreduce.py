@@ -41,7 +41,7 @@ import tilescale.language as T
 from . import op_cache
 from .capture import refuse_graph_capture
 from .direct_launch import direct_entry
-from . import vectors
+from . import checks, vectors
 from .vectors import SIGNAL
 from .reduce_scatter import PASS_CONFIGS, check_op, push_and_reduce
 
@@ -163,17 +163,18 @@ class AllReduce:
         import torch
 
         from .. import runtime, symm
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        # first: every rank learns whether all passed the same arguments (then all raise alike below)
-        require_same_on_all_ranks("AllReduce", shape=shape, dtype=dtype, algo=algo, blocks=blocks, threads=threads)
-        if algo not in ALGOS:
-            raise ValueError(f"AllReduce: algo: got {algo!r}, expected one of {', '.join(map(repr, ALGOS))}")
-        self.shape = vectors.as_shape("AllReduce", shape)
-        vectors.check_dtype("AllReduce", dtype)
         self.world_size = W = rt.info.world_size
-        vectors.check_launch("AllReduce", blocks, threads, W)
+        with checks.deferred("AllReduce") as d:
+            checks.as_choice("AllReduce", "algo", algo, ALGOS)
+            self.shape = vectors.as_shape("AllReduce", shape)
+            vectors.check_dtype("AllReduce", dtype)
+            vectors.check_launch("AllReduce", blocks, threads, W)
+        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
+        require_same_on_all_ranks("AllReduce", d.error, shape=shape, dtype=dtype, algo=algo, blocks=blocks,
+                                  threads=threads)
         self.rank = rt.info.rank
         self.dtype = dtype
         self.n = n = vectors.numel(self.shape)
@@ -209,6 +210,10 @@ class AllReduce:
         self._dim = self.nv if algo == "one_shot" else self.nv // W
         self._stream = vectors.stream_getter()
         self._size = torch.Size(self.shape)
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("AllReduce")
+        self._agreed = self._check.agreed
+        self._order = checks.StreamOrder(self.device)
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
@@ -227,16 +232,30 @@ class AllReduce:
             self._opad = torch.empty(self.nv * self.vec, dtype=self.dtype, device=dev)
         return self._xpad, self._opad
 
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks): `x` and `out` (None: a new tensor) of this op's shape and
+        dtype on this GPU (any strides: staged)."""
+        checks.check_tensor("AllReduce", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
+        if out is not None:
+            checks.check_tensor("AllReduce", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
+
     def __call__(self, x, out=None):
         refuse_graph_capture("AllReduce")
         import torch
 
-        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
-            vectors.check_tensor("AllReduce", "x", x, self.shape, self.dtype)
+        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
+            key = (type(x), x.dtype, x.shape, x.device,
+                   None if out is None else (type(out), out.dtype, out.shape, out.device))
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, x, out)
         if out is None:
             out = torch.empty(self._size, dtype=self.dtype, device=x.device)
-        elif not isinstance(out, torch.Tensor) or out.shape != self._size or out.dtype != self.dtype or not out.is_cuda:
-            vectors.check_tensor("AllReduce", "out", out, self.shape, self.dtype)
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
         if self.n == 0:
             return out
         if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
@@ -244,7 +263,7 @@ class AllReduce:
             if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
                 self.epoch += 1
                 fn, err = self._direct
-                if fn(xp, op, *self._bufs, self.epoch, self._dim, self._stream()) != 0:
+                if fn(xp, op, *self._bufs, self.epoch, self._dim, stream) != 0:
                     raise vectors.launch_failed("allreduce", err)
                 return out
         xv = vectors.vector_view(x, self.vshape)
@@ -271,16 +290,22 @@ def _cached(n, dtype, algo, world_size):
     return AllReduce((n,), dtype, algo=algo)
 
 
+_fn_check = checks.CallCheck("all_reduce")
+
+
+def _validate_fn(tensor, op, algo) -> None:
+    check_op("all_reduce", op)
+    checks.as_choice("all_reduce", "algo", algo, ALGOS)
+    checks.check_tensor("all_reduce", "tensor", tensor)
+    vectors.check_dtype("all_reduce", tensor.dtype, "tensor")
+
+
 def all_reduce(tensor, *, op="sum", algo="auto"):
     """``torch.distributed.all_reduce(tensor)`` (sum), in place: `tensor` receives the sum over ranks and
     is returned. One :class:`AllReduce` per (numel, dtype, algo) is built on first use and cached."""
     from .. import runtime
 
-    check_op("all_reduce", op)
-    if algo not in ALGOS:
-        raise ValueError(f"all_reduce: algo: got {algo!r}, expected one of {', '.join(map(repr, ALGOS))}")
-    vectors.check_cuda_tensor("all_reduce", "tensor", tensor)
-    vectors.check_dtype("all_reduce", tensor.dtype, "tensor")
+    _fn_check((checks.signature(tensor), op if isinstance(op, str) else str(op), algo), _validate_fn, tensor, op, algo)
     ar = _cached(tensor.numel(), tensor.dtype, algo, runtime.current().info.world_size)
     if tensor.is_contiguous():
         flat = tensor.view(-1)

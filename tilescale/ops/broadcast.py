@@ -28,7 +28,7 @@ shared by the W - 1 readers).
 import tilescale
 import tilescale.language as T
 
-from . import op_cache
+from . import checks, op_cache
 from .capture import refuse_graph_capture
 from .direct_launch import direct_entry
 from .reduce_scatter import PASS_CONFIGS
@@ -111,25 +111,26 @@ class Broadcast:
 
         from .. import runtime, symm
         from . import vectors
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        # first: every rank learns whether all passed the same arguments (then all raise alike below)
-        require_same_on_all_ranks("Broadcast", shape=shape, dtype=dtype, src=src, blocks=blocks, threads=threads)
         self.world_size = W = rt.info.world_size
         self.rank = rt.info.rank
-        vectors.check_launch("Broadcast", blocks, threads, W)
-        self.shape = vectors.as_shape("Broadcast", shape)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"Broadcast: dtype: got {dtype!r}, expected a torch.dtype")
-        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < W:
-            raise ValueError(f"Broadcast: src: got {src!r}, expected a rank in 0..{W - 1}")
+        with checks.deferred("Broadcast") as d:
+            vectors.check_launch("Broadcast", blocks, threads, W)
+            self.shape = vectors.as_shape("Broadcast", shape)
+            checks.as_dtype("Broadcast", "dtype", dtype)
+            if not checks._is_int(src) or not 0 <= src < W:
+                checks.fail("Broadcast", "src", checks.describe(src), f"a rank in 0..{W - 1}",
+                            type_error=not checks._is_int(src))
+            self.nbytes = vectors.numel(self.shape) * vectors.element_size(dtype)
+            if self.nbytes > MAX_BYTES:
+                checks.fail("Broadcast", "shape", f"{self.shape} {dtype} ({self.nbytes} bytes)", f"at most {MAX_BYTES} "
+                            "bytes (2 GiB - 8 MiB: the kernel counts bytes and sub-chunks in 32-bit integers)")
+        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
+        require_same_on_all_ranks("Broadcast", d.error, shape=shape, dtype=dtype, src=src, blocks=blocks,
+                                  threads=threads)
         self.dtype, self.src = dtype, src
-        self.nbytes = vectors.numel(self.shape) * vectors.element_size(dtype)
-        if self.nbytes > MAX_BYTES:
-            raise ValueError(f"Broadcast: shape: got {self.shape} {dtype} ({self.nbytes} bytes), expected at most "
-                             f"{MAX_BYTES} bytes (2 GiB - 8 MiB: the kernel counts bytes and sub-chunks in 32-bit "
-                             "integers)")
         fn, args = kernel_for(self.nbytes, W, vectors.sm_count(), threads)
         if blocks:
             args = (W, blocks, threads)
@@ -145,6 +146,10 @@ class Broadcast:
         self._bufs = (self.stage.data_ptr(), self.ready.data_ptr(), self.done.data_ptr(), src)
         self._stream = vectors.stream_getter()
         self._size = torch.Size(self.shape)
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("Broadcast")
+        self._agreed = self._check.agreed
+        self._order = checks.StreamOrder(self.device)
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
@@ -153,18 +158,30 @@ class Broadcast:
         for t in (self.stage, self.ready, self.done):
             symm.free(t)
 
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks): `x` and `out` (None: `x`, in place) of this op's shape and
+        dtype on this GPU (any strides: staged)."""
+        checks.check_tensor("Broadcast", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
+        if out is not None:
+            checks.check_tensor("Broadcast", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
+
     def __call__(self, x, out=None):
         refuse_graph_capture("Broadcast")
         import torch
 
-        from . import vectors
-
-        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
-            vectors.check_tensor("Broadcast", "x", x, self.shape, self.dtype)
+        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
+            key = (type(x), x.dtype, x.shape, x.device,
+                   None if out is None else (type(out), out.dtype, out.shape, out.device))
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, x, out)
         if out is None:
             out = x
-        else:
-            vectors.check_tensor("Broadcast", "out", out, self.shape, self.dtype)
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
         if self.nbytes == 0:
             return out
         if self._direct is not None and out is x and x.is_contiguous():
@@ -172,7 +189,7 @@ class Broadcast:
             fn, err = self._direct
             p = x.data_ptr()
             if fn(p, p, *self._bufs, self.epoch, max(self.epoch - 2, 0), self.nbytes, self.stage.shape[1],
-                  self._stream()) != 0:
+                  stream) != 0:
                 raise vectors.launch_failed("broadcast", err)
             return out
         dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -192,18 +209,25 @@ def _cached(nbytes_shape, dtype, src, world_size):
     return Broadcast(nbytes_shape, dtype, src)
 
 
+_fn_check = checks.CallCheck("broadcast")
+
+
+def _validate_fn(tensor, src, W) -> None:
+    checks.check_tensor("broadcast", "tensor", tensor)
+    if not checks._is_int(src) or src < 0 or (W is not None and src >= W):
+        checks.fail("broadcast", "src", checks.describe(src), "a rank (int >= 0)" if W is None else
+                    f"a rank in 0..{W - 1}", type_error=not checks._is_int(src))
+
+
 def broadcast(tensor, src: int):
     """``torch.distributed.broadcast(tensor, src)``: every rank's `tensor` receives rank `src`'s, in
     place; returns `tensor`. One :class:`Broadcast` per (numel, dtype, src) is built on first use."""
     from .. import runtime
-    from . import vectors
 
-    vectors.check_cuda_tensor("broadcast", "tensor", tensor)
-    if isinstance(src, bool) or not isinstance(src, int) or src < 0:
-        raise ValueError(f"broadcast: src: got {src!r}, expected a rank (int >= 0)")
+    rt = checks.runtime_or_none()
+    _fn_check((checks.signature(tensor), src if checks._is_int(src) else repr(src)), _validate_fn, tensor, src,
+              rt.info.world_size if rt is not None else None)
     W = runtime.current().info.world_size
-    if src >= W:
-        raise ValueError(f"broadcast: src: got {src!r}, expected a rank in 0..{W - 1}")
     bc = _cached((tensor.numel(),), tensor.dtype, src, W)
     if tensor.is_contiguous():
         bc(tensor.view(-1))

@@ -27,6 +27,8 @@ import tilescale
 import tilescale.language as T
 
 from . import op_cache
+from . import checks, vectors
+from .ag_gemm import check_problem
 from .capture import refuse_graph_capture
 from .gemm import GemmConfig, check, gemm_config
 
@@ -125,15 +127,26 @@ class GemmRS:
         import torch
 
         from .. import runtime, symm
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        require_same_on_all_ranks("GemmRS", M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks,
-                                  config=config)
+        with checks.deferred("GemmRS") as d:
+            check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
+            checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
+            try:
+                sms = vectors.sm_count()
+            except Exception:  # noqa: BLE001  (no GPU here: the construction fails later, after the agreement)
+                sms = None
+            if sms is not None and reduce_blocks >= sms:
+                checks.fail("GemmRS", "reduce_blocks", repr(reduce_blocks), f"fewer than the {sms} SMs of this GPU "
+                            "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
+            W = rt.info.world_size
+            gemm_args, reduce_args = kernel_args(M, N, K_local, W, checks.dtype_name(dtype), reduce_blocks, config)
+        require_same_on_all_ranks("GemmRS", d.error, M=M, N=N, K_local=K_local, dtype=dtype,
+                                  reduce_blocks=reduce_blocks, config=config)
         W = self.world_size = rt.info.world_size
         self.rank = rt.info.rank
-        tl_dtype = str(dtype).replace("torch.", "")
-        self.gemm_args, self.reduce_args = kernel_args(M, N, K_local, W, tl_dtype, reduce_blocks, config)
+        self.gemm_args, self.reduce_args = gemm_args, reduce_args
         self.block_m = self.gemm_args[5]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
         self.P = [symm.empty((M, N), dtype=dtype) for _ in range(2)]
@@ -144,6 +157,9 @@ class GemmRS:
         self.reduce = gemm_rs_reduce_kernel(*self.reduce_args)
         self.gemm.prepare()
         self.reduce.prepare()
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("GemmRS")
+        self._order = checks.StreamOrder(self.device)
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
@@ -152,18 +168,30 @@ class GemmRS:
         for t in (*self.P, self.done,):
             symm.free(t)
 
+    def _validate(self, x, w, out) -> None:
+        """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
+        all of the dtype on this GPU, handed to the kernels as they are: contiguous and 16-byte aligned."""
+        d, dt = self.device, self.dtype
+        checks.check_tensor("GemmRS", "x", x, shape=(self.M, self.K), dtype=dt, device=d, contiguous=True,
+                            aligned=True)
+        checks.check_tensor("GemmRS", "w", w, shape=(self.K, self.N), dtype=dt, device=d, contiguous=True,
+                            aligned=True)
+        if out is not None:
+            checks.check_tensor("GemmRS", "out", out, shape=(self.M // self.world_size, self.N), dtype=dt, device=d,
+                                contiguous=True, aligned=True, what="M / world_size rows")
+
     def __call__(self, x, w, out=None):
         refuse_graph_capture("GemmRS")
         import torch
 
-        if tuple(x.shape) != (self.M, self.K) or tuple(w.shape) != (self.K, self.N):
-            raise ValueError(f"x, w: got {tuple(x.shape)}, {tuple(w.shape)}; expected ({self.M}, {self.K}), "
-                             f"({self.K}, {self.N})")
+        self._check((checks.signature(x, True), checks.signature(w, True), checks.signature(out, True)),
+                    self._validate, x, w, out)
+        main = torch.cuda.current_stream()
+        self._order(main.cuda_stream)  # another stream than the last call's: ordered after that one
         self.epoch += 1
         P = self.P[self.epoch % 2]
         c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
                                                     device=x.device)
-        main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             self.reduce.launch(P, self.done, c, self.epoch)
@@ -178,8 +206,37 @@ def _cached(M, N, K, dtype, world_size):
     return GemmRS(M, N, K, dtype)
 
 
-def gemm_rs(x, w):
-    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per shape."""
-    from .. import runtime
+_fn_check = checks.CallCheck("gemm_rs")
 
-    return _cached(x.shape[0], w.shape[1], x.shape[1], x.dtype, runtime.current().info.world_size)(x, w)
+
+def _validate_fn(x, w, W=None) -> None:
+    checks.check_tensor("gemm_rs", "x", x, dtypes=checks.GEMM_DTYPES, min_dims=2)
+    checks.check_tensor("gemm_rs", "w", w, dtype=x.dtype, min_dims=2)
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
+        checks.fail("gemm_rs", "w", checks.describe(w), f"a 2-D ({x.shape[-1]}, N) tensor for x {tuple(x.shape)} "
+                    "(2-D operands, inner sizes equal)")
+    if W is not None and x.shape[0] % W:
+        checks.fail("gemm_rs", "x", f"{x.shape[0]} rows", f"a multiple of the world size {W} (equal row slices)")
+
+
+def gemm_rs(x, w):
+    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per shape.
+
+    Any number of rows divisible by the world size: when the rows per rank are not a multiple of 128, each
+    rank's slice of `x` is padded with zero rows (one copy of `x`; zero rows add nothing) and the padding
+    rows of the result are dropped."""
+    from .. import runtime
+    from .ag_gemm import padded_rows
+
+    rt = checks.runtime_or_none()
+    _fn_check((checks.signature(x), checks.signature(w)), _validate_fn, x, w,
+              rt.info.world_size if rt is not None else None)
+    W = runtime.current().info.world_size
+    (M, K), N = x.shape, w.shape[1]
+    rows = M // W
+    rp = padded_rows(rows)
+    if rp == rows:
+        return _cached(M, N, K, x.dtype, W)(x, w)
+    x_p = x.new_zeros((W, rp, K))
+    x_p[:, :rows].copy_(x.reshape(W, rows, K))
+    return _cached(W * rp, N, K, x.dtype, W)(x_p.view(W * rp, K), w)[:rows]

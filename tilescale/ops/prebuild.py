@@ -83,13 +83,64 @@ def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float
     return dt
 
 
-def on_local_rank0(jobs, workers: int | None = None) -> None:
-    """Collective: local rank 0 compiles `jobs`; every rank waits; then each loads from the cache."""
+_calls = 0   # on_local_rank0 calls in this process: every rank makes the same ones (it is collective)
+
+
+def wait_bound_s(n_kernels: int) -> float:
+    """How long the other ranks wait for their local rank 0 to compile `n_kernels`: TILESCALE_NVCC_TIMEOUT_S
+    per kernel (each nvcc run is bounded by it) plus 10 minutes (elaboration, loading); 0 means a week."""
+    from ..env import settings
+
+    per = settings.nvcc_timeout_s
+    return 7 * 24 * 3600.0 if per <= 0 else per * max(n_kernels, 1) + 600.0
+
+
+def on_local_rank0(jobs, workers: int | None = None, timeout_s: float | None = None) -> None:
+    """Collective: local rank 0 compiles `jobs`; every other rank of its node waits, then each loads from
+    the cache. The wait is bounded by `timeout_s` (default :func:`wait_bound_s`), not by the control
+    group's timeout; if local rank 0 fails, every rank of its node raises its error instead of waiting."""
+    import datetime
+
     import torch.distributed as dist
 
     from .. import runtime
+    from ..errors import TileScaleError
 
+    global _calls
     rt = runtime.current()
+    jobs = unique(jobs)
+    timeout_s = wait_bound_s(len(jobs)) if timeout_s is None else timeout_s
+    _calls += 1
+    leader = rt.info.rank - rt.info.local_rank          # global rank of this node's local rank 0
+    key = f"tilescale/prebuild/{_calls}/{leader}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001  (no default store: the old way, bounded by the group's timeout)
+        store = None
+    if store is None:
+        if rt.info.local_rank == 0:
+            compile_all(jobs, workers)
+        dist.barrier(group=rt.ctrl_group)
+        return
     if rt.info.local_rank == 0:
-        compile_all(jobs, workers)
-    dist.barrier(group=rt.ctrl_group)
+        try:
+            compile_all(jobs, workers)
+        except BaseException as e:
+            store.set(key, f"error: {type(e).__name__}: {e}"[:8000])
+            raise
+        store.set(key, "ok")
+        return
+    t0 = time.monotonic()
+    try:
+        store.wait([key], datetime.timedelta(seconds=timeout_s))
+        status = store.get(key).decode(errors="replace")
+    except Exception as e:  # noqa: BLE001  (torch's store raises DistStoreError / RuntimeError)
+        waited = time.monotonic() - t0
+        raise TileScaleError(
+            f"prebuild: rank {rt.info.rank} waited {waited:.0f} s (bound {timeout_s:.0f} s) for local rank 0 "
+            f"(rank {leader}) to compile {len(jobs)} kernel(s), and it did not report ({type(e).__name__}: {e}). "
+            "It is stuck or gone: see its output. The bound is TILESCALE_NVCC_TIMEOUT_S x kernels + 600 s, or "
+            "on_local_rank0(timeout_s=...)") from None
+    if status != "ok":
+        raise TileScaleError(f"prebuild: local rank 0 (rank {leader}) failed to compile the kernels, so rank "
+                             f"{rt.info.rank} stops too: {status.removeprefix('error: ')}")

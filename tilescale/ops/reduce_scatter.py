@@ -29,7 +29,7 @@ import tilescale.language as T
 from . import op_cache
 from .capture import refuse_graph_capture
 from .direct_launch import direct_entry
-from . import vectors
+from . import checks, vectors
 from .vectors import SIGNAL
 
 # Empty chunks are legal (a block whose chunk starts at the end still signals): no bound guards.
@@ -112,19 +112,20 @@ class ReduceScatter:
         import torch
 
         from .. import runtime, symm
-        from .consistency import require_same_on_all_ranks
+        from .checks import require_same_on_all_ranks
 
         rt = runtime.current()
-        # first: every rank learns whether all passed the same arguments (then all raise alike below)
-        require_same_on_all_ranks("ReduceScatter", shape=shape, dtype=dtype, blocks=blocks, threads=threads)
-        self.shape = vectors.as_shape("ReduceScatter", shape)
-        vectors.check_dtype("ReduceScatter", dtype)
         self.world_size = W = rt.info.world_size
-        vectors.check_launch("ReduceScatter", blocks, threads, W)
         self.rank = rt.info.rank
-        if len(self.shape) == 0 or self.shape[0] % W:
-            raise ValueError(f"ReduceScatter: shape: got {self.shape}, expected (rows, ...) with rows divisible by "
-                             f"the world size {W}")
+        with checks.deferred("ReduceScatter") as d:
+            self.shape = vectors.as_shape("ReduceScatter", shape)
+            vectors.check_dtype("ReduceScatter", dtype)
+            vectors.check_launch("ReduceScatter", blocks, threads, W)
+            if len(self.shape) == 0 or self.shape[0] % W:
+                checks.fail("ReduceScatter", "shape", repr(self.shape), "(rows, ...) with rows divisible by the "
+                            f"world size {W}")
+        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
+        require_same_on_all_ranks("ReduceScatter", d.error, shape=shape, dtype=dtype, blocks=blocks, threads=threads)
         self.dtype = dtype
         self.out_shape = (self.shape[0] // W, *self.shape[1:])
         self.n = vectors.numel(self.shape)
@@ -147,6 +148,10 @@ class ReduceScatter:
         self._bufs = (self.recv.data_ptr(), self.flags.data_ptr())
         self._stream = vectors.stream_getter()
         self._size, self._out_size = torch.Size(self.shape), torch.Size(self.out_shape)
+        self.device = checks.this_device()
+        self._check = checks.CallCheck("ReduceScatter")
+        self._agreed = self._check.agreed
+        self._order = checks.StreamOrder(self.device)
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
@@ -164,17 +169,31 @@ class ReduceScatter:
             self._opad = torch.empty((self.sv * self.vec,), dtype=self.dtype, device=dev)
         return self._xpad, self._opad
 
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks): `x` of this op's shape, `out` (None: a new tensor) of its
+        output shape, of its dtype on this GPU (any strides: staged)."""
+        checks.check_tensor("ReduceScatter", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
+        if out is not None:
+            checks.check_tensor("ReduceScatter", "out", out, shape=self.out_shape, dtype=self.dtype, device=self.device,
+                                what="rows / world_size")
+
     def __call__(self, x, out=None):
         refuse_graph_capture("ReduceScatter")
         import torch
 
-        if not isinstance(x, torch.Tensor) or x.shape != self._size or x.dtype != self.dtype or not x.is_cuda:
-            vectors.check_tensor("ReduceScatter", "x", x, self.shape, self.dtype)
+        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
+            key = (type(x), x.dtype, x.shape, x.device,
+                   None if out is None else (type(out), out.dtype, out.shape, out.device))
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, x, out)
         if out is None:
             out = torch.empty(self._out_size, dtype=self.dtype, device=x.device)
-        elif (not isinstance(out, torch.Tensor) or out.shape != self._out_size or out.dtype != self.dtype
-              or not out.is_cuda):
-            vectors.check_tensor("ReduceScatter", "out", out, self.out_shape, self.dtype)
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
         if self.n == 0:
             return out
         if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
@@ -182,7 +201,7 @@ class ReduceScatter:
             if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
                 self.epoch += 1
                 fn, err = self._direct
-                if fn(xp, op, *self._bufs, self.epoch, self.sv, self._stream()) != 0:
+                if fn(xp, op, *self._bufs, self.epoch, self.sv, stream) != 0:
                     raise vectors.launch_failed("reduce_scatter", err)
                 return out
         W, sv, vec = self.world_size, self.sv, self.vec
@@ -207,24 +226,32 @@ def _cached(n, dtype, world_size):
     return ReduceScatter((n,), dtype)
 
 
+_fn_check = checks.CallCheck("reduce_scatter_tensor")
+
+
+def _validate_fn(output, input, op, W) -> None:  # noqa: A002
+    check_op("reduce_scatter_tensor", op)
+    for name, t in (("output", output), ("input", input)):
+        checks.check_tensor("reduce_scatter_tensor", name, t)
+    vectors.check_dtype("reduce_scatter_tensor", input.dtype, "input")
+    if output.dtype != input.dtype:
+        checks.fail("reduce_scatter_tensor", "output", f"dtype {output.dtype}", f"{input.dtype} (the dtype of input)")
+    if W is not None and input.numel() != W * output.numel():
+        checks.fail("reduce_scatter_tensor", "output", f"{tuple(output.shape)} ({output.numel()} elements) for an "
+                    f"input of {input.numel()} elements",
+                    f"input.numel() / world_size = {input.numel() / W:g} elements")
+
+
 def reduce_scatter_tensor(output, input, *, op="sum"):  # noqa: A002  (torch's argument names)
     """``torch.distributed.reduce_scatter_tensor(output, input)`` with op "sum": `input` holds W equal
     slices (``input.numel() == W * output.numel()``); this rank's slice of the sum lands in `output`,
     which is returned."""
     from .. import runtime
 
-    check_op("reduce_scatter_tensor", op)
-    for name, t in (("output", output), ("input", input)):
-        vectors.check_cuda_tensor("reduce_scatter_tensor", name, t)
+    rt = checks.runtime_or_none()
+    _fn_check((checks.signature(output), checks.signature(input), op if isinstance(op, str) else str(op)),
+              _validate_fn, output, input, op, rt.info.world_size if rt is not None else None)
     W = runtime.current().info.world_size
-    vectors.check_dtype("reduce_scatter_tensor", input.dtype, "input")
-    if output.dtype != input.dtype:
-        raise ValueError(f"reduce_scatter_tensor: output: got dtype {output.dtype}, expected {input.dtype} "
-                         "(the dtype of input)")
-    if input.numel() != W * output.numel():
-        raise ValueError(f"reduce_scatter_tensor: output: got {tuple(output.shape)} ({output.numel()} elements) "
-                         f"for an input of {input.numel()} elements, expected input.numel() / world_size = "
-                         f"{input.numel() / W:g} elements")
     rs = _cached(input.numel(), input.dtype, W)
     flat_in = input.reshape(-1)
     if output.is_contiguous():
@@ -245,4 +272,4 @@ def check_op(fn: str, op) -> None:
             return
     except Exception:  # noqa: BLE001  (torch.distributed without ReduceOp)
         pass
-    raise ValueError(f"{fn}: op: got {op!r}, expected 'sum' (the only reduction tilescale implements)")
+    checks.fail(fn, "op", checks.describe(op), "'sum' (the only reduction tilescale implements)")

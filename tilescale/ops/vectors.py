@@ -19,10 +19,10 @@ def dtype_name(dtype) -> str:
 
 
 def check_dtype(op: str, dtype, arg: str = "dtype") -> None:
-    """ValueError unless `dtype` is one of the reduction dtypes (bf16, fp16, fp32)."""
-    if dtype_name(dtype) not in SUPPORTED_DTYPES:
-        raise ValueError(f"{op}: {arg}: got {dtype}, expected one of torch.bfloat16, torch.float16, "
-                         "torch.float32 (sums are accumulated in fp32)")
+    """OpArgumentError (a ValueError) unless `dtype` is one of the reduction dtypes (bf16, fp16, fp32)."""
+    from . import checks
+
+    checks.as_dtype(op, arg, dtype, SUPPORTED_DTYPES, note=" (sums are accumulated in fp32)")
 
 
 def element_size(dtype) -> int:
@@ -37,30 +37,27 @@ def vector_width(dtype) -> int:
 
 
 def as_shape(op: str, shape) -> tuple:
-    """`shape` as a tuple of ints >= 0, or ValueError naming `op`'s shape argument."""
-    try:
-        out = tuple(int(s) for s in shape)
-    except TypeError:
-        raise ValueError(f"{op}: shape: got {shape!r}, expected a sequence of ints") from None
-    if any(s < 0 for s in out):
-        raise ValueError(f"{op}: shape: got {out}, expected sizes >= 0")
-    return out
+    """`shape` as a tuple of ints >= 0 (ints only: ``(2.5,)`` is refused), or an OpArgumentError naming
+    `op`'s shape argument."""
+    from . import checks
+
+    return checks.as_shape(op, "shape", shape)
 
 
 def check_launch(op: str, blocks, threads, world_size: int, per_wave=None) -> None:
-    """ValueError unless `blocks` (None: by size) is a positive int of at most ``per_wave()`` (one wave: the
-    SM count) and `threads` a multiple of 32 in [32, 1024], at least the world size (threads < W wait)."""
+    """OpArgumentError unless `blocks` (None: by size) is a positive int of at most ``per_wave()`` (one wave:
+    the SM count) and `threads` a multiple of 32 in [32, 1024], at least the world size (threads < W wait)."""
+    from .checks import _is_int, fail
+
     if blocks is not None:
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-            raise ValueError(f"{op}: blocks: got {blocks!r}, expected a positive int (or None: by size)")
+        if not _is_int(blocks) or blocks < 1:
+            fail(op, "blocks", repr(blocks), "a positive int (or None: by size)", type_error=not _is_int(blocks))
         most = (per_wave or sm_count)()
         if blocks > most:
-            raise ValueError(f"{op}: blocks: got {blocks}, expected at most {most} (all blocks must be co-resident: "
-                             "one wave)")
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32 \
-            or threads < world_size:
-        raise ValueError(f"{op}: threads: got {threads!r}, expected a multiple of 32 in [32, 1024], at least the "
-                         f"world size {world_size}")
+            fail(op, "blocks", repr(blocks), f"at most {most} (all blocks must be co-resident: one wave)")
+    if not _is_int(threads) or not 32 <= threads <= 1024 or threads % 32 or threads < world_size:
+        fail(op, "threads", repr(threads), f"a multiple of 32 in [32, 1024], at least the world size {world_size}",
+             type_error=not _is_int(threads))
 
 
 def numel(shape) -> int:
@@ -76,25 +73,18 @@ def vector_view(t, shape: tuple):
 
 
 def check_cuda_tensor(op: str, arg: str, t) -> None:
-    """ValueError unless `t` is a CUDA tensor (the check of the torch-like functions' arguments)."""
-    import torch
+    """OpArgumentError unless `t` is a tensor on this rank's GPU (the check of the torch-like functions'
+    arguments)."""
+    from . import checks
 
-    if not isinstance(t, torch.Tensor) or not t.is_cuda:
-        raise ValueError(f"{op}: {arg}: got {type(t).__name__}"
-                         f"{' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}, expected a CUDA tensor")
+    checks.check_tensor(op, arg, t)
 
 
-def check_tensor(op: str, arg: str, t, shape: tuple, dtype) -> None:
-    """ValueError unless `t` is a CUDA tensor of `shape` and `dtype`."""
-    import torch
+def check_tensor(op: str, arg: str, t, shape: tuple, dtype, device=None) -> None:
+    """OpArgumentError unless `t` is a tensor of `shape` and `dtype` on `device` (default: this rank's GPU)."""
+    from . import checks
 
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{op}: {arg}: got {type(t).__name__}, expected a torch.Tensor")
-    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-        raise ValueError(f"{op}: {arg}: got {tuple(t.shape)} {t.dtype}, expected {tuple(shape)} {dtype} "
-                         "(the shape and dtype this op was built for)")
-    if not t.is_cuda:
-        raise ValueError(f"{op}: {arg}: got a tensor on {t.device}, expected a CUDA tensor")
+    checks.check_tensor(op, arg, t, shape=shape, dtype=dtype, device=device)
 
 
 def blocks_for(nbytes: int, table, sms: int) -> int:

@@ -83,13 +83,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def store(record: dict, *, rebuild: bool = False) -> Path:
     """Make the plan file of `record` valid; returns its path. Rewrites it when `rebuild` is set or the
     file on disk is missing, corrupt or different."""
-    from ..toolchain import file_lock
+    from ..toolchain import file_lock, private_dir
 
     path = path_for(record["collective"], record["id"])
     if not rebuild and why_invalid(path, record) is None:
         return path
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)   # 0700; refuses a directory others could write
         with file_lock(path.with_name(path.name + ".lock"), timeout_s=60.0):
             why = "rebuild=True" if rebuild else why_invalid(path, record)
             if why is not None:

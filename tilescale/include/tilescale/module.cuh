@@ -3,12 +3,14 @@
 // It pulls in NVSHMEM for one of the two build modes and gives the module (the .so that tilelang's
 // cython backend builds) the entry points tilescale calls through ctypes after loading it:
 //
-//   tilescale_module_init(diag)  once per loaded module, after NVSHMEM is initialised:
+//   tilescale_module_init(diag, barrier_words)  once per loaded module, after NVSHMEM is initialised:
 //                                  1. loads every kernel of the module now (CUDA lazy loading would
 //                                     otherwise load a kernel at its first launch, which deadlocks
 //                                     when another kernel of the process is spinning on the GPU);
 //                                  2. fills this module's NVSHMEM device state;
-//                                  3. stores the address of the diagnostics record used by bounded waits.
+//                                  3. stores the addresses of the diagnostics record used by bounded
+//                                     waits and of the runtime's barrier words (bounded barriers).
+//   tilescale_module_barrier(stream, complete_puts)  a bounded barrier of all PEs on `stream` (ops.cuh).
 //   tilescale_module_mode()      'I' inlined (non-RDC) or 'R' relocatable device code.
 //   tilescale_module_probe(out)  runs a one-thread kernel that reads my_pe / n_pes as device code sees them.
 //
@@ -63,6 +65,9 @@ struct WaitDiag {
 };
 
 static __device__ WaitDiag* g_wait_diag = nullptr;
+// The runtime's barrier words (symmetric, n_pes + 1 of them, zero at start): word p holds the last barrier
+// epoch PE p announced to this PE; word n_pes counts this PE's barriers (see tilescale::barrier_all).
+static __device__ unsigned long long* g_barrier = nullptr;
 
 }  // namespace tilescale
 
@@ -135,7 +140,7 @@ extern "C" int tilescale_module_nvshmem_version() {
 }
 
 // Returns >= 0 (number of kernels loaded eagerly) on success; -1 NVSHMEM not initialised; other < 0: error.
-extern "C" int tilescale_module_init(void* diag) {
+extern "C" int tilescale_module_init(void* diag, void* barrier_words) {
   if (nvshmemx_init_status() < NVSHMEM_STATUS_IS_INITIALIZED) return -1;
   CUmodule mod = nullptr;
   int rc = tilescale::detail::this_module(&mod);
@@ -146,6 +151,8 @@ extern "C" int tilescale_module_init(void* diag) {
   if (rc != 0) return -100 - (rc < 0 ? -rc : rc);
   tilescale::WaitDiag* d = static_cast<tilescale::WaitDiag*>(diag);
   if (cudaMemcpyToSymbol(tilescale::g_wait_diag, &d, sizeof(d)) != cudaSuccess) return -9;
+  unsigned long long* b = static_cast<unsigned long long*>(barrier_words);
+  if (cudaMemcpyToSymbol(tilescale::g_barrier, &b, sizeof(b)) != cudaSuccess) return -10;
   return loaded;
 }
 

@@ -69,12 +69,6 @@ __device__ __forceinline__ T* peer_ptr(T* p, int pe) {
 }
 __device__ __forceinline__ void* peer_ptr(const void* p, int pe) { return peer_ptr(const_cast<void*>(p), pe); }
 
-// The first block of the grid joins an NVSHMEM barrier of all PEs (grid-scope barrier, between two
-// grid syncs emitted by the language op).
-__device__ __forceinline__ void barrier_all_first_block() {
-  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) nvshmemx_barrier_all_block();
-}
-
 // --------------------------------------------------------------- contiguous copies over P2P mappings
 // Group-cooperative byte copy; 16-byte vectors when both pointers allow it. Loads bypass L1 (.cg) so
 // data that a peer wrote during this kernel is never read stale.
@@ -413,17 +407,58 @@ __device__ __forceinline__ T wait_until_pe(const void* addr, int pe, int cmp, T 
 __device__ __forceinline__ void fence() { nvshmem_fence(); }
 __device__ __forceinline__ void quiet() { nvshmem_quiet(); }
 
+// The wait-site id that bounded barriers report (tilescale/language/distributed.py names it).
+constexpr int kBarrierSite = -2;
+
+// A barrier of all PEs, by one thread of this PE, bounded like every wait (TILESCALE_WAIT_TIMEOUT_NS):
+// 1. complete_puts: nvshmem_quiet(), so every put this PE issued before is complete at its destination;
+// 2. take the next epoch e of this PE (word n_pes of the runtime's barrier words counts its barriers);
+// 3. signal e into word `me` of every other PE (signal set: a PE that runs a barrier ahead only raises it);
+// 4. wait until word p >= e for every other PE p: every PE has reached barrier e.
+// Without the runtime's barrier words (a module not initialised by tilescale) it is NVSHMEM's barrier.
+__device__ __forceinline__ void barrier_one_thread(bool complete_puts) {
+  unsigned long long* w = g_barrier;
+  if (w == nullptr) {
+    if (complete_puts) nvshmem_barrier_all(); else nvshmem_sync_all();
+    return;
+  }
+  if (complete_puts) nvshmem_quiet();
+  const int me = nvshmem_my_pe(), n = nvshmem_n_pes();
+  const unsigned long long e = atomicAdd(w + n, 1ull) + 1ull;
+  for (int p = 0; p < n; ++p)
+    if (p != me) nvshmemx_signal_op(reinterpret_cast<uint64_t*>(w + me), (uint64_t)e, NVSHMEM_SIGNAL_SET, p);
+  for (int p = 0; p < n; ++p)
+    if (p != me) wait_until<unsigned long long>(w + p, kGe, e, kBarrierSite);
+}
+
+// barrier_all / sync_all of a thread, a warp or a block per PE: the group meets, its first thread runs
+// the barrier, the group meets again (sync_all: without completing puts first).
 template <int G>
 __device__ __forceinline__ void barrier_all() {
-  if constexpr (G == kBlock) nvshmemx_barrier_all_block();
-  else if constexpr (G == kWarp) nvshmemx_barrier_all_warp();
-  else nvshmem_barrier_all();
+  group_sync<G>();
+  if (group_leader<G>()) barrier_one_thread(true);
+  group_sync<G>();
 }
 template <int G>
 __device__ __forceinline__ void sync_all() {
-  if constexpr (G == kBlock) nvshmemx_sync_all_block();
-  else if constexpr (G == kWarp) nvshmemx_sync_all_warp();
-  else nvshmem_sync_all();
+  group_sync<G>();
+  if (group_leader<G>()) barrier_one_thread(false);
+  group_sync<G>();
+}
+
+// The first block of the grid joins a barrier of all PEs (grid-scope barrier, between two grid syncs
+// emitted by the language op).
+__device__ __forceinline__ void barrier_all_first_block() {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) barrier_all<kBlock>();
 }
 
 }  // namespace tilescale
+
+// tilescale.barrier(): the same barrier as a one-thread kernel on `stream` (host code of every module).
+extern "C" __global__ void tilescale_module_barrier_kernel(int complete_puts) {
+  tilescale::barrier_one_thread(complete_puts != 0);
+}
+extern "C" int tilescale_module_barrier(void* stream, int complete_puts) {
+  tilescale_module_barrier_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(complete_puts);
+  return (int)cudaGetLastError();
+}

@@ -1,0 +1,137 @@
+"""Job-wide abort and bounded barriers on CPU: a rank's failure is published once in the job's store and
+every other rank's watchdog stops its process naming that rank and error; a rank reporting its own error is
+left to do so; barriers are tilescale's bounded ones. (On GPUs: tests/test_gpu_teardown.py, test_faults.)"""
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+from tilescale import diagnostics
+
+
+class FakeStore:
+    def __init__(self):
+        self.kv = {}
+        self.lock = threading.Lock()
+
+    def set(self, k, v):
+        with self.lock:
+            self.kv[k] = v.encode() if isinstance(v, str) else v
+
+    def check(self, keys):
+        with self.lock:
+            return all(k in self.kv for k in keys)
+
+    def get(self, k):
+        with self.lock:
+            return self.kv[k]
+
+
+def fake_rt(rank):
+    info = types.SimpleNamespace(rank=rank, world_size=2)
+    return types.SimpleNamespace(info=info, wait_diag=torch.zeros(128, dtype=torch.uint8), watchdog=None)
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    calls = []
+    monkeypatch.setattr(diagnostics.os, "_exit", lambda code: calls.append(code))
+    monkeypatch.setattr(diagnostics.time, "sleep", lambda s: None)
+    diagnostics.failing.clear()
+    yield calls
+    diagnostics.failing.clear()
+
+
+def start_dog(rt, store):
+    dog = diagnostics.Watchdog(rt, interval_s=0.01)
+    dog.store = store
+    rt.watchdog = dog
+    dog.start()
+    return dog
+
+
+def test_a_failure_stops_the_other_ranks(exits, capsys):
+    store = FakeStore()
+    failed, other = fake_rt(1), fake_rt(0)
+    failed.watchdog = types.SimpleNamespace(store=store, reported=False)
+    dog = start_dog(other, store)
+    diagnostics.publish_failure(failed, "RuntimeError: boom on rank 1")
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dog.stop.set()
+    dog.join(5)
+    assert exits and exits[0] == 1, "the other rank's watchdog did not stop its process"
+    err = capsys.readouterr().err
+    assert "rank 0 stops: rank 1 failed: RuntimeError: boom on rank 1" in err, err
+
+
+def test_the_first_failure_is_the_one_reported():
+    store = FakeStore()
+    a, b = fake_rt(0), fake_rt(1)
+    a.watchdog = types.SimpleNamespace(store=store, reported=False)
+    b.watchdog = types.SimpleNamespace(store=store, reported=False)
+    diagnostics.publish_failure(b, "ValueError: first")
+    diagnostics.publish_failure(a, "ValueError: second")
+    assert store.get(diagnostics.STORE_KEY).decode() == "1|ValueError: first"
+    assert a.watchdog.reported and b.watchdog.reported       # neither watchdog reports a second time
+
+
+def test_a_rank_reporting_its_own_error_is_not_stopped_first(exits):
+    store = FakeStore()
+    store.set(diagnostics.STORE_KEY, "1|RuntimeError: boom")
+    diagnostics.failing.set()
+    dog = start_dog(fake_rt(0), store)
+    time.sleep(0.2)
+    dog.stop.set()
+    dog.join(5)
+    assert exits == []
+
+
+def test_own_report_does_not_stop_itself(exits):
+    store = FakeStore()
+    store.set(diagnostics.STORE_KEY, "0|RuntimeError: mine")
+    dog = start_dog(fake_rt(0), store)
+    time.sleep(0.2)
+    dog.stop.set()
+    dog.join(5)
+    assert exits == []
+
+
+def test_waits_are_bounded_by_default(monkeypatch):
+    from tilescale.env import settings
+
+    monkeypatch.delenv("TILESCALE_WAIT_TIMEOUT_S", raising=False)
+    assert settings.wait_timeout_s == 100.0
+
+
+def test_barriers_are_tilescales_bounded_ones():
+    """T.barrier_all / T.sync_all emit tilescale's barrier (a bounded wait per peer), not NVSHMEM's own,
+    and the barrier names itself in a timeout record."""
+    from tilescale.language import distributed as D
+
+    assert all(v is None or v.startswith("tilescale::") for v in (*D._BARRIER_SCOPES.values(),
+                                                                   *D._SYNC_SCOPES.values()))
+    rec = dict(rank=0, block=0, thread=0, site=D.BARRIER_SITE, cmp=3, bits=64, addr=0x10, expected=5, observed=4,
+               elapsed_ns=int(3e9))
+    assert "a barrier of all ranks" in diagnostics.describe(rec)
+    from pathlib import Path
+
+    ops = (Path(D.__file__).resolve().parents[1] / "include" / "tilescale" / "ops.cuh").read_text()
+    body = ops[ops.index("void barrier_one_thread"):ops.index("template <int G>\n__device__ __forceinline__ void barrier_all")]
+    assert "wait_until<unsigned long long>" in body and "kBarrierSite" in body
+
+
+def test_barrier_module_builds_with_its_host_entry(tmp_path):
+    """The module behind tilescale.barrier() compiles and links for sm_90a and exports the host function the
+    runtime calls; its kernel uses the bounded barrier."""
+    import subprocess
+
+    from tilescale import runtime
+
+    r = runtime.barrier_jit().build(2)
+    assert "tilescale::barrier_all<1>" in r.source
+    syms = subprocess.run(["nm", "-D", "--defined-only", r.library], stdout=subprocess.PIPE, text=True).stdout
+    assert "tilescale_module_barrier" in syms and "tilescale_module_init" in syms, syms[-2000:]

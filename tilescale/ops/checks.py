@@ -1,0 +1,363 @@
+"""Argument checks of tilescale's ops and collectives (one module, shared by all of them).
+
+Every check raises :class:`~tilescale.errors.OpArgumentError` (a ValueError) or, where the argument has
+the wrong type, :class:`~tilescale.errors.OpArgumentTypeError` (also a TypeError), with one message
+format::
+
+    AGGemm: out: got a float32 tensor of shape (8192, 1024) on cuda:0, expected a contiguous, 16-byte
+    aligned bfloat16 tensor of shape (8192, 2048) on cuda:0
+
+A rank must never raise alone: the other ranks would wait for it, in a collective on the host or in a
+kernel on the GPU. So
+
+* at construction (collective), :func:`require_same_on_all_ranks` exchanges the raw arguments *and* the
+  result of the local checks (run inside :class:`deferred`) in one all_gather over the control group:
+  every rank raises :class:`~tilescale.errors.CollectiveMismatchError` if the arguments differ, else every
+  rank raises if any rank's checks failed;
+* at call time, :class:`CallCheck` runs the checks of a call whose argument *signature* (types, dtypes,
+  shapes, devices, contiguity... whatever the checks read) it has not seen, and agrees on the result with
+  the other ranks (:func:`agree`: one all_gather of "ok" or the error text); a signature that passed is
+  remembered, so later calls with it cost one dict lookup on a tuple and no exchange. Every rank raises if
+  any rank failed: the failing ranks their own error, the others a CollectiveMismatchError naming them.
+
+  Limit (the price of skipping the exchange): ranks must see new signatures on the same calls, which SPMD
+  code does (same code, same shapes). A rank whose arguments turn invalid on a call where the others pass
+  a signature already agreed exchanges alone (it waits for the control group's timeout) while the others
+  launch: ``TILESCALE_WAIT_TIMEOUT_S`` bounds that.
+
+:class:`StreamOrder` keeps the ops' double buffering correct when the current stream changes between two
+calls of one op: the new stream waits for the work enqueued on the old one.
+"""
+import operator
+
+from ..errors import CollectiveMismatchError, NotInitializedError, OpArgumentError, OpArgumentTypeError
+
+# dtype sets (tilelang names)
+REDUCE_DTYPES = ("bfloat16", "float16", "float32")     # summed in fp32 (AllReduce, ReduceScatter)
+GEMM_DTYPES = ("bfloat16", "float16")                  # the wgmma GEMMs (AGGemm, GemmRS)
+COPY_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")  # AllGather
+
+_MAX_SIGNATURES = 64      # signatures remembered per op (then forgotten at once: every rank alike)
+
+
+# ------------------------------------------------------------------------------------------- messages
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (tilelang's name)."""
+    return str(dtype).replace("torch.", "")
+
+
+def fail(op: str, arg: str, got: str, expected: str, *, type_error: bool = False):
+    """Raise the error of argument `arg` of `op`: ``"{op}: {arg}: got {got}, expected {expected}"``."""
+    cls = OpArgumentTypeError if type_error else OpArgumentError
+    raise cls(f"{op}: {arg}: got {got}, expected {expected}")
+
+
+def _short(v, limit: int = 80) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def describe(v, *, strides: bool = False, address: bool = False) -> str:
+    """How a message shows a received value: ``a float32 tensor of shape (8, 4) on cuda:0`` (with its
+    strides / its address alignment when asked), ``None``, ``list [1, 2]``, ``2.5``."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        s = f"a {dtype_name(v.dtype)} tensor of shape {tuple(v.shape)} on {v.device}"
+        if strides and not v.is_contiguous():
+            s += f" with strides {tuple(v.stride())} (not contiguous)"
+        if address and v.data_ptr() % 16:
+            s += f" at address 0x{v.data_ptr():x} (not 16-byte aligned)"
+        return s
+    if v is None or isinstance(v, (int, float, str, bool)):
+        return _short(v)
+    return f"{type(v).__name__} {_short(v)}"
+
+
+def _dtypes_text(names) -> str:
+    return ", ".join(f"torch.{n}" for n in names)
+
+
+# ------------------------------------------------------------------------------- construction-time values
+def _is_int(v) -> bool:
+    return not isinstance(v, bool) and hasattr(type(v), "__index__")
+
+
+def as_int(op: str, arg: str, v, *, lo: int = 1, hi: int | None = None, allow_none: bool = False):
+    """`v` as an int in [lo, hi] (ints only: a float, a bool or a string is refused); None passes with
+    `allow_none`."""
+    if v is None and allow_none:
+        return None
+    rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    none = " (or None)" if allow_none else ""
+    if not _is_int(v):
+        fail(op, arg, describe(v), f"an int {rng}{none}", type_error=True)
+    v = operator.index(v)
+    if v < lo or (hi is not None and v > hi):
+        fail(op, arg, repr(v), f"an int {rng}{none}")
+    return v
+
+
+def as_shape(op: str, arg: str, shape, *, lo: int = 0, min_dims: int = 0, allow_int: bool = False,
+             sizes: str | None = None) -> tuple:
+    """`shape` as a tuple of ints >= `lo` with at least `min_dims` dimensions. Each size must be an int
+    (``(2.5,)`` is refused, not truncated); a bare int is a 1-D shape only with `allow_int`. `sizes`
+    replaces the words ``sizes >= lo`` of the message."""
+    if allow_int and _is_int(shape):
+        shape = (shape,)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        fail(op, arg, describe(shape), "a sequence of ints", type_error=True)
+    items = tuple(shape)
+    for i, s in enumerate(items):
+        if not _is_int(s):
+            fail(op, arg, _short(items), f"a sequence of ints (size {i} is {type(s).__name__} {_short(s)})",
+                 type_error=True)
+    out = tuple(operator.index(s) for s in items)
+    if len(out) < min_dims:
+        fail(op, arg, repr(out), f"at least {min_dims} dimension(s)")
+    if any(s < lo for s in out):
+        fail(op, arg, repr(out), sizes or f"sizes >= {lo}")
+    return out
+
+
+def as_dtype(op: str, arg: str, dtype, supported=None, note: str = ""):
+    """`dtype` if it is a torch.dtype (of `supported`, tilelang names, if given)."""
+    import torch
+
+    if not isinstance(dtype, torch.dtype):
+        fail(op, arg, _short(dtype), "a torch.dtype" + (f" (one of {_dtypes_text(supported)})" if supported else ""),
+             type_error=True)
+    if supported is not None and dtype_name(dtype) not in supported:
+        fail(op, arg, str(dtype), f"one of {_dtypes_text(supported)}{note}")
+    return dtype
+
+
+def as_choice(op: str, arg: str, v, choices):
+    if not isinstance(v, str) or v not in choices:
+        fail(op, arg, _short(v), f"one of {', '.join(map(repr, choices))}", type_error=not isinstance(v, str))
+    return v
+
+
+# ------------------------------------------------------------------------------------------ tensors
+def this_device():
+    """This rank's GPU: ``cuda:<torch.cuda.current_device()>`` (``cuda`` where none is visible)."""
+    import torch
+
+    try:
+        return torch.device("cuda", torch.cuda.current_device())
+    except Exception:  # noqa: BLE001  (no GPU: every tensor is refused anyway)
+        return torch.device("cuda")
+
+
+def check_tensor(op: str, arg: str, t, *, shape=None, dtype=None, dtypes=None, device=None, contiguous: bool = False,
+                 aligned: bool = False, min_dims: int = 0, what: str = "") -> None:
+    """Raise unless `t` is a torch.Tensor with this `shape`, `dtype` (or one of `dtypes`), on `device`
+    (default: this rank's GPU), contiguous / with a 16-byte aligned address if asked, with at least
+    `min_dims` dimensions. `what` is added to the expectation (why)."""
+    import torch
+
+    device = this_device() if device is None else device
+    parts = [p for p in ("contiguous" if contiguous else "", "16-byte aligned" if aligned else "") if p]
+    want = "a " + (", ".join(parts) + " " if parts else "")
+    want += (dtype_name(dtype) + " " if dtype is not None else "") + ("CUDA " if dtype is None else "") + "tensor"
+    if dtypes is not None and dtype is None:
+        want += f" of dtype {_dtypes_text(dtypes)}".replace(", torch.", " / torch.")
+    if shape is not None:
+        want += f" of shape {tuple(shape)}"
+    elif min_dims:
+        want += f" with at least {min_dims} dimension(s)"
+    want += f" on {device}" + (f" ({what})" if what else "")
+    if not isinstance(t, torch.Tensor):
+        fail(op, arg, describe(t), want, type_error=True)
+    if ((shape is not None and tuple(t.shape) != tuple(shape)) or (dtype is not None and t.dtype != dtype)
+            or (dtypes is not None and dtype_name(t.dtype) not in dtypes) or t.device != device
+            or t.dim() < min_dims or (contiguous and not t.is_contiguous()) or (aligned and t.data_ptr() % 16)):
+        fail(op, arg, describe(t, strides=contiguous, address=aligned), want)
+
+
+def signature(t, strict: bool = False):
+    """What the call checks read of argument `t`: (type, dtype, shape, device) of a tensor, plus whether it
+    is contiguous and its address modulo 16 with `strict` (tensors handed to a kernel as they are); the type
+    of anything else (it fails the checks, so it is never remembered)."""
+    try:
+        if strict:
+            return type(t), t.dtype, t.shape, t.device, t.is_contiguous(), t.data_ptr() & 15
+        return type(t), t.dtype, t.shape, t.device
+    except Exception:  # noqa: BLE001
+        return type(t),
+
+
+# ------------------------------------------------------------------------------------- agreement
+def runtime_or_none():
+    """The runtime, or None before init_distributed (no peer to agree with)."""
+    from .. import runtime
+
+    try:
+        return runtime.current()
+    except NotInitializedError:
+        return None
+
+
+def agree(op: str, error: BaseException | None) -> None:
+    """Exchange this rank's check result (None or its error) with every rank over the control group and
+    raise on every rank if any failed: a failing rank its own error (noting which ranks failed), the others
+    :class:`~tilescale.errors.CollectiveMismatchError` naming the failed ranks and their errors. Without a
+    runtime (or with one rank) nobody waits: the local error, if any, is raised at once."""
+    rt = runtime_or_none()
+    if rt is None or rt.info.world_size == 1:
+        if error is not None:
+            raise error
+        return
+    every = rt.all_gather_object(None if error is None else str(error))
+    raise_if_any_failed(op, error, every, rt.info.rank)
+
+
+def raise_if_any_failed(op: str, error: BaseException | None, every: list, rank: int) -> None:
+    """The raising half of :func:`agree`, given every rank's result (None or an error text)."""
+    bad = [(r, e) for r, e in enumerate(every) if e is not None]
+    if not bad:
+        return
+    if error is not None:
+        ranks = ", ".join(str(r) for r, _ in bad)
+        error.args = (f"{error} [failed on rank(s) {ranks} of {len(every)}; this is rank {rank}]",)
+        raise error
+    raise CollectiveMismatchError(
+        f"{op}: invalid arguments on rank(s) {', '.join(str(r) for r, _ in bad)}: "
+        + "; ".join(f"rank {r}: {e}" for r, e in bad)
+        + f". This rank's arguments were valid; it raises too rather than wait for those ranks (this is rank {rank})")
+
+
+class deferred:
+    """``with deferred(op) as d: <checks>``: an argument error raised by the checks is kept in ``d.error``
+    instead of propagating (a plain ValueError / TypeError, e.g. of a shared helper, becomes an
+    OpArgumentError named after `op`), so that the ranks can agree on it first (:func:`agree`,
+    :func:`require_same_on_all_ranks`)."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.error = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, e, tb):
+        if et is None:
+            return False
+        if issubclass(et, OpArgumentError):
+            self.error = e
+            return True
+        if issubclass(et, (ValueError, TypeError)) and not issubclass(et, CollectiveMismatchError):
+            msg = str(e) if str(e).startswith(self.op + ":") else f"{self.op}: {e}"
+            self.error = (OpArgumentTypeError if issubclass(et, TypeError) else OpArgumentError)(msg)
+            self.error.__cause__ = e
+            return True
+        return False
+
+
+class CallCheck:
+    """Call-time checks of one op (or function), agreed across ranks once per argument signature.
+
+    ``check(key, validate, *args)``: nothing when `key` (a tuple built from the arguments:
+    :func:`signature`) has passed before; else runs ``validate(*args)`` (which raises an argument error),
+    agrees on the result with every rank (:func:`agree`: raises on every rank if any failed) and remembers
+    `key`. Hot paths test ``key in check.agreed`` themselves and call ``check(...)`` only on a miss.
+    ``exchanges`` counts the agreements (tests)."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.agreed: set = set()
+        self.exchanges = 0
+
+    def __call__(self, key, validate, *args) -> None:
+        try:
+            if key in self.agreed:
+                return
+        except TypeError:     # an unhashable part: checked (and agreed) every time
+            key = None
+        d = deferred(self.op)
+        with d:
+            validate(*args)
+        self.exchanges += 1
+        agree(self.op, d.error)
+        if key is not None:
+            if len(self.agreed) >= _MAX_SIGNATURES:
+                self.agreed.clear()
+            self.agreed.add(key)
+
+    def forget(self) -> None:
+        self.agreed.clear()
+
+
+# ------------------------------------------------------------------ same arguments on every rank
+def require_same_on_all_ranks(op: str, error: BaseException | None = None, /, **args) -> None:
+    """Raise :class:`~tilescale.errors.CollectiveMismatchError` on every rank unless every rank passed
+    equal values for each keyword argument of `op`; the message names each differing argument and shows
+    every rank's value. `error`: this rank's result of checking those arguments (None: valid; see
+    :class:`deferred`), exchanged in the same all_gather: if the arguments agree, every rank raises when
+    any rank's check failed (:func:`agree`). Construction of every op starts with it.
+
+    torch equivalent: none (NCCL hangs or reads garbage in this case).
+    """
+    from .. import runtime
+
+    rt = runtime.current()
+    mine = {k: _canon(v) for k, v in args.items()}
+    if error is not None:
+        mine[_ERROR_KEY] = str(error)
+    everyone = rt.all_gather_object(mine)
+    bad = [k for k in args if any(v.get(k) != mine[k] for v in everyone)]
+    if bad:
+        lines = []
+        for k in bad:
+            vals = ", ".join(f"rank {r}: {v.get(k)}" for r, v in enumerate(everyone))
+            lines.append(f"  {k}: {vals}")
+        raise CollectiveMismatchError(
+            f"{op}: argument(s) {', '.join(bad)} differ across ranks; every rank must pass the same values:\n"
+            + "\n".join(lines) + f"\n(this is rank {rt.info.rank})")
+    raise_if_any_failed(op, error, [v.get(_ERROR_KEY) for v in everyone], rt.info.rank)
+
+
+_ERROR_KEY = "__error__"
+
+
+def _canon(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_canon(x) for x in v)
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    s = str(v)  # torch.dtype, torch.Size, GemmConfig...
+    return f"<{type(v).__qualname__} object>" if " at 0x" in s else s   # no addresses: they differ by rank
+
+
+# ------------------------------------------------------------------------------------- streams
+class StreamOrder:
+    """The stream rule of the double-buffered ops: a call enqueues its work on the current stream, and the
+    buffers a call uses are safe to reuse only once the work of the call before it is ordered before it.
+    On one stream that is stream order; when the current stream differs from the one of the previous call,
+    the new stream first waits (an event recorded now on the old stream) for everything enqueued there.
+
+    ``order(handle)`` with the raw handle of the current stream (an int); hot paths compare
+    ``handle != order.handle`` themselves and call ``order.switch(handle)`` only on a change."""
+
+    __slots__ = ("handle", "stream", "device", "switches")
+
+    def __init__(self, device=None):
+        self.handle = None
+        self.stream = None
+        self.device = device
+        self.switches = 0
+
+    def __call__(self, handle) -> None:
+        if handle != self.handle:
+            self.switch(handle)
+
+    def switch(self, handle) -> None:
+        import torch
+
+        cur = torch.cuda.current_stream(self.device)
+        if self.stream is not None:
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+            cur.wait_event(ev)
+            self.switches += 1
+        self.handle, self.stream = handle, cur
