@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +13,17 @@ import pytest
 from tilescale import discovery, doctor
 from tilescale.__main__ import main
 
+from nvshmem_versions import extra_install
+
 REPO = Path(__file__).resolve().parent.parent
-NV345 = Path("/tmp/nv345/nvidia/nvshmem")
 
 # Variables that change what the checks report; every test starts without them.
 _ENV = ("NVSHMEM_HOME", "TILESCALE_USE_NVSHMEM", "TILELANG_USE_NVSHMEM", "TILESCALE_BUILD_MODE", "TILESCALE_CACHE_DIR",
         "TILELANG_CACHE_DIR", "NVSHMEM_SYMMETRIC_SIZE", "NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_MODULE_LOADING", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
         "NVSHMEM_BOOTSTRAP_UID_SOCK_FAMILY", "NVSHMEM_BOOTSTRAP_UID_PLUGIN", "NCCL_SOCKET_IFNAME", "RANK",
-        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+        "TILESCALE_RANKS_PER_GPU", "XDG_CACHE_HOME")
 
 
 @pytest.fixture(autouse=True)
@@ -45,11 +48,13 @@ def _line(out: str, name: str) -> str:
     return lines[0]
 
 
-def _ctx(gpus=None, gpu_count=0, mem=None) -> doctor.Context:
+def _ctx(gpus=None, gpu_count=0, mem=None, ranks_per_gpu=None) -> doctor.Context:
     ctx = doctor.Context(gpus)
     ctx.gpu_count = gpu_count
     ctx.gpu_names = ["NVIDIA H200"] * min(gpus or gpu_count, gpu_count)
     ctx.min_gpu_memory = mem
+    if ranks_per_gpu is not None:
+        ctx.ranks_per_gpu = ranks_per_gpu
     return ctx
 
 
@@ -102,8 +107,9 @@ def test_cli_env_lists_settings():
     r = _cli("env", TILESCALE_WAIT_TIMEOUT_S="7")
     assert r.returncode == 0, r.stdout
     assert "TILESCALE_WAIT_TIMEOUT_S = 7.0" in r.stdout
-    assert "debug mode for device-side waits" in r.stdout
-    from tilescale.env import SETTINGS
+    from tilescale.env import SETTINGS, setting
+
+    assert setting("TILESCALE_WAIT_TIMEOUT_S").doc in r.stdout
 
     for s in SETTINGS:
         assert f"{s.name} = " in r.stdout
@@ -137,6 +143,71 @@ def test_gpu_check():
     assert "GPUS=2" in c.fix
     c = doctor.check_gpus(_ctx(gpus=2, gpu_count=4))
     assert c.status == "ok" and "2 x NVIDIA H200" in c.found
+
+
+def test_no_gpu_no_driver_says_nothing_can_run(monkeypatch):
+    """Without GPU and driver the doctor does not fail the compile-only use, but does not promise a run."""
+    monkeypatch.setattr(doctor.Context, "gpu_count", property(lambda self: 0))
+    monkeypatch.setattr(doctor, "_driver_version", lambda: None)
+    checks = {c.name: c for c in doctor.run_checks()}
+    assert checks["gpus"].status == "warn" and checks["libcuda"].status == "warn"
+    assert checks["shared-gpu"].status == "ok" and "compile-only" in checks["shared-gpu"].found
+    # the verdict, on these checks without the FAILs this machine may have for other reasons
+    shown = [c for c in checks.values() if c.status != doctor.FAIL]
+    assert doctor.compile_only(shown)
+    line = doctor.summary(shown)
+    assert "nothing can run here" in line and "compiled only" in line
+    assert "a run should work" not in line and "ready" not in line and doctor.exit_code(shown) == 0
+    # with --gpus N it is a FAIL, as before
+    assert "a run would fail" in doctor.summary(doctor.run_checks(gpus=2))
+
+
+def test_summary_with_gpus_is_unchanged():
+    ok = doctor.Check("gpus", doctor.OK, "2 GPU(s) visible: 2 x NVIDIA H200")
+    warn = doctor.Check("nvls", doctor.WARN, "x", "y")
+    assert not doctor.compile_only([ok, warn])
+    assert doctor.summary([ok]).endswith(": ready") and doctor.summary([ok, warn]).endswith("a run should work")
+
+
+@pytest.mark.parametrize("gpus,count,rpg,status", [
+    (None, 0, 1, "ok"), (2, 0, 4, "ok"),          # no GPU: compile-only, nothing to share
+    (None, 2, 1, "ok"), (None, 1, 4, "ok"),
+    (2, 2, 1, "ok"), (1, 4, 1, "ok"),            # a GPU per rank
+    (4, 1, 4, "ok"), (4, 2, 2, "ok"), (3, 2, 2, "ok"), (8, 3, 3, "ok"),   # shared: ceil(N/G) <= R
+    (2, 1, 1, "FAIL"), (4, 1, 2, "FAIL"), (5, 2, 2, "FAIL"),            # more than R per GPU
+])
+def test_shared_gpu(gpus, count, rpg, status):
+    c = doctor.check_shared_gpu(_ctx(gpus=gpus, gpu_count=count, ranks_per_gpu=rpg))
+    assert c.status == status, c
+    g = doctor.check_gpus(_ctx(gpus=gpus, gpu_count=count, ranks_per_gpu=rpg))
+    if count == 0:
+        assert "compile-only" in c.found
+        return
+    if gpus is not None and gpus <= count:
+        assert "one rank per GPU" in c.found and g.status == "ok"
+    elif gpus is not None and status == "ok":   # shared-GPU mode: the gpus check agrees
+        assert c.found == (f"shared-GPU mode: {gpus} ranks on {count} GPU(s), up to {rpg} per GPU; "
+                           "torch.distributed on gloo only, NVSHMEM multiple-processes-per-GPU; timings mean nothing")
+        assert g.status == "ok" and "shared" in g.found
+    elif status == "FAIL":
+        need = -(-gpus // count)
+        assert c.fix == (f"set TILESCALE_RANKS_PER_GPU={need} to share GPUs (correctness only) or ask for "
+                         f"GPUS<={count}")
+        assert g.status == "FAIL" and f"TILESCALE_RANKS_PER_GPU={need}" in g.fix
+
+
+def test_shared_gpu_reads_the_setting(monkeypatch):
+    monkeypatch.setenv("TILESCALE_RANKS_PER_GPU", "4")
+    c = doctor.check_shared_gpu(_ctx(gpus=4, gpu_count=1))
+    assert c.status == "ok" and c.found.startswith("shared-GPU mode: 4 ranks on 1 GPU(s), up to 4 per GPU")
+    assert doctor.check_gpus(_ctx(gpus=4, gpu_count=1)).status == "ok"
+    monkeypatch.setenv("TILESCALE_RANKS_PER_GPU", "0")
+    c = doctor.check_shared_gpu(_ctx(gpus=4, gpu_count=1))
+    assert c.status == "FAIL" and "TILESCALE_RANKS_PER_GPU='0'" in c.found and "unset TILESCALE_RANKS_PER_GPU" in c.fix
+    assert doctor.check_gpus(_ctx(gpus=4, gpu_count=1)).status == "FAIL"
+    monkeypatch.delenv("TILESCALE_RANKS_PER_GPU")
+    c = doctor.check_shared_gpu(_ctx(gpus=2, gpu_count=1))
+    assert c.status == "FAIL" and "(default)" in c.found and "TILESCALE_RANKS_PER_GPU=2" in c.fix
 
 
 def test_peer_access(monkeypatch):
@@ -186,28 +257,64 @@ def test_host_library_version_is_read_from_the_library():
 
 def test_version_mismatch_detected(monkeypatch):
     inst = discovery.find_nvshmem()
-    monkeypatch.setattr(doctor, "host_library_version", lambda install: "3.4.5")
+    other = f"{inst.version_tuple[0]}.{inst.version_tuple[1] + 1}.0"
+    monkeypatch.setattr(doctor, "host_library_version", lambda install: other)
     c = doctor.check_nvshmem_version(doctor.Context())
-    if inst.version == "3.4.5":
-        assert c.status == "ok"
-        return
     assert c.status == "FAIL"
-    assert inst.version in c.found and "3.4.5" in c.found and str(inst.host_library) in c.found
-    assert "pip install" in c.fix or "NVSHMEM_HOME" in c.fix
+    assert f"headers say {inst.version}" in c.found and f"host library says {other}" in c.found
+    assert str(inst.host_library) in c.found
+    assert f"=={inst.version}" in c.fix if inst.source.startswith("pip") else "NVSHMEM_HOME" in c.fix
+    monkeypatch.setattr(doctor, "host_library_version", lambda install: inst.version)
+    assert doctor.check_nvshmem_version(doctor.Context()).status == "ok"
 
 
-@pytest.mark.skipif(not (NV345 / "lib" / "libnvshmem_host.so.3").exists(), reason="needs NVSHMEM 3.4.5 at /tmp/nv345")
+def _mixed_install(root: Path, include_from: Path, lib_from: Path, header_version: str | None = None) -> Path:
+    """An NVSHMEM_HOME with the headers of one install and the libraries of another; `header_version`
+    rewrites the version header (the host library is still asked its own version, for real)."""
+    inc = root / "include"
+    inc.mkdir(parents=True)
+    for item in include_from.iterdir():
+        if item.name != "non_abi":
+            (inc / item.name).symlink_to(item)
+    (inc / "non_abi").mkdir()
+    for item in (include_from / "non_abi").iterdir():
+        if item.name != "nvshmem_version.h":
+            (inc / "non_abi" / item.name).symlink_to(item)
+    header = (include_from / "non_abi" / "nvshmem_version.h").read_text()
+    if header_version is not None:
+        for part, value in zip(("MAJOR", "MINOR", "PATCH"), header_version.split(".")):
+            header = re.sub(rf"(#define\s+NVSHMEM_VENDOR_{part}_VERSION\s+)\d+", rf"\g<1>{value}", header)
+    (inc / "non_abi" / "nvshmem_version.h").write_text(header)
+    (root / "lib").symlink_to(lib_from)
+    return root
+
+
 def test_real_version_mismatch(monkeypatch, tmp_path):
-    """Headers of the installed wheel, host library of 3.4.5: the doctor asks the library itself."""
+    """Headers that say one version, the real host library of another: the doctor asks the library itself.
+    With .ci/run's second NVSHMEM (TILESCALE_TEST_NVSHMEM_345) of another version than the wheel: the
+    wheel's headers and that library; else the wheel's library under headers edited to the next minor."""
     wheel = discovery.find_nvshmem()
-    if wheel.version == "3.4.5":
-        pytest.skip("the wheel is 3.4.5 too")
-    (tmp_path / "include").symlink_to(wheel.include_dir)
-    (tmp_path / "lib").symlink_to(NV345 / "lib")
-    monkeypatch.setenv("NVSHMEM_HOME", str(tmp_path))
+    extra = extra_install()
+    if extra is not None and extra[1] != wheel.version:
+        lib_dir, lib_version = extra[0] / "lib", extra[1]
+        home = _mixed_install(tmp_path / "home", wheel.include_dir, lib_dir)
+        header_version = wheel.version
+    else:
+        lib_dir, lib_version = wheel.lib_dir, wheel.version
+        major, minor, _ = wheel.version_tuple
+        header_version = f"{major}.{minor + 1}.0"
+        home = _mixed_install(tmp_path / "home", wheel.include_dir, lib_dir, header_version)
+    monkeypatch.setenv("NVSHMEM_HOME", str(home))
+    discovery.clear_cache()
+    assert discovery.find_nvshmem().version == header_version
+    assert doctor.host_library_version(discovery.find_nvshmem()) == lib_version
     c = doctor.check_nvshmem_version(doctor.Context())
-    assert c.status == "FAIL" and f"headers say {wheel.version}" in c.found and "host library says 3.4.5" in c.found
+    assert c.status == "FAIL" and f"headers say {header_version}" in c.found
+    assert f"host library says {lib_version}" in c.found
     assert "NVSHMEM_HOME" in c.fix
+    monkeypatch.delenv("NVSHMEM_HOME")
+    discovery.clear_cache()
+    assert doctor.check_nvshmem_version(doctor.Context()).status == "ok"   # the wheel agrees with itself
 
 
 def test_device_library_and_inlined(monkeypatch):
@@ -306,6 +413,15 @@ def test_symmetric_heap_check(monkeypatch):
     monkeypatch.setenv("NVSHMEM_SYMMETRIC_SIZE", "2048m")
     c = doctor.check_symmetric_heap(_ctx(gpu_count=1, mem=gpu))
     assert c.status == "ok" and "25%" in c.found
+    # shared-GPU mode: each rank on a GPU has its own heap there
+    c = doctor.check_symmetric_heap(_ctx(gpus=3, gpu_count=1, mem=gpu, ranks_per_gpu=4))
+    assert c.status == "ok" and "x 3 ranks on a GPU = 6 GiB" in c.found and "75%" in c.found
+    c = doctor.check_symmetric_heap(_ctx(gpus=4, gpu_count=1, mem=gpu, ranks_per_gpu=4))
+    assert c.status == "warn" and c.fix == "export NVSHMEM_SYMMETRIC_SIZE=1G"   # 4 x 1G: half the GPU
+    c = doctor.check_symmetric_heap(_ctx(gpus=10, gpu_count=2, mem=gpu, ranks_per_gpu=8))
+    assert c.status == "FAIL" and "x 5 ranks on a GPU = 10 GiB" in c.found and "larger than" in c.found
+    c = doctor.check_symmetric_heap(_ctx(gpus=4, gpu_count=1, mem=gpu))   # not shared (refused): one heap
+    assert c.status == "ok" and "ranks on a GPU" not in c.found
 
 
 def test_nvls(monkeypatch):
@@ -350,6 +466,29 @@ def test_cache_dirs(monkeypatch, tmp_path):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(blocker))
     c = doctor.check_cache_dirs(doctor.Context())
     assert c.status == "FAIL" and "export TILELANG_CACHE_DIR=" in c.fix
+
+
+def test_cache_dirs_suggests_a_directory_of_the_user(monkeypatch, tmp_path):
+    """Not a shared directory such as /tmp/tilescale-cache (another user could create it first)."""
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TILESCALE_CACHE_DIR", str(blocker / "ts"))
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(blocker / "tl"))
+    c = doctor.check_cache_dirs(doctor.Context())
+    assert c.status == "FAIL"
+    assert c.fix == (f"export TILESCALE_CACHE_DIR={home}/.cache/tilescale; "
+                     f"export TILELANG_CACHE_DIR={home}/.cache/tilelang")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    assert doctor.check_cache_dirs(doctor.Context()).fix.startswith(f"export TILESCALE_CACHE_DIR={xdg}/tilescale;")
+    # the suggestion is never the directory that failed
+    monkeypatch.setenv("TILESCALE_CACHE_DIR", str(xdg / "tilescale"))
+    xdg.write_text("a file where XDG_CACHE_HOME should be")
+    c = doctor.check_cache_dirs(doctor.Context())
+    assert c.fix.startswith(f"export TILESCALE_CACHE_DIR={home}/.cache/tilescale;")
+    assert "/tmp/tilescale" not in c.fix and "/tmp/tilelang" not in c.fix
 
 
 # -------------------------------------------------------------------------------------- tools and driver
@@ -433,3 +572,5 @@ def test_troubleshooting_markdown_covers_every_check(capsys):
     assert names == [s.name for s in doctor.CHECKS] and len(set(names)) == len(names)
     assert main(["doctor", "--markdown"]) == 0
     assert capsys.readouterr().out == md
+    # the README's section is this text (regenerate it with `python -m tilescale doctor --markdown`)
+    assert md in (REPO / "README.md").read_text(), "README.md's Troubleshooting section is not the doctor's"

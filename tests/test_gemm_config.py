@@ -96,11 +96,44 @@ def test_bad_tables_are_refused(tmp_path):
         gemm_config(1, 1, 1, table=p)
 
 
-def test_shipped_table_is_valid():
-    entries = gemm.load_table()
+def assert_valid_entries(entries):
+    """Each entry of a loaded table names a known op and ranks configs of which one runs on 2 ranks."""
     for op, M, N, K, cfgs in entries:
         assert op in gemm.OPS and cfgs, (op, M, N, K)
+        assert all(isinstance(c, GemmConfig) for c in cfgs), (op, M, N, K)
         assert any(check(c, M, N, K, world_size=2, op=op) is None for c in cfgs), (op, M, N, K)
+
+
+def test_load_table_reads_a_written_table(table):
+    entries = gemm.load_table(table)
+    assert [e[:4] for e in entries] == [("ag_gemm", 8192, 2048, 8192), ("gemm_rs", 8192, 8192, 4096),
+                                        ("ag_gemm", 8192, 8192, 4096)]
+    assert list(entries[0][4]) == [BIG_M, N192, DEFAULT] and list(entries[2][4]) == [SMALL]
+    assert_valid_entries(entries)
+
+
+def test_table_validation_catches_a_bad_entry(tmp_path):
+    # every config of this entry is refused for its shape on 2 ranks (N=8192 is no multiple of 192)
+    t = write_table(tmp_path / "t.json", [("gemm_rs", 8192, 8192, 4096, [N192])])
+    with pytest.raises(AssertionError):
+        assert_valid_entries(gemm.load_table(t))
+
+
+def test_shipped_table_is_valid_or_absent(monkeypatch, tmp_path):
+    """The table in the package (tilescale/ops/gemm_tuning.json, written by benchmarks/bench_gemm_configs.py
+    on a GPU machine): absent, every shape gets the default; present, it has entries and each is valid."""
+    entries = gemm.load_table()
+    if not gemm.TUNING_FILE.exists():
+        assert entries == ()
+        assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm") == DEFAULT
+    else:
+        assert entries, f"{gemm.TUNING_FILE} has no entries"
+        assert_valid_entries(entries)
+    # the loader reads the shipped path when no table is given
+    monkeypatch.setattr(gemm, "TUNING_FILE", write_table(tmp_path / "shipped.json", [("ag_gemm", 8192, 2048, 8192,
+                                                                                       [BIG_M])]))
+    assert gemm.load_table() == gemm.load_table(gemm.TUNING_FILE) and len(gemm.load_table()) == 1
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm") == BIG_M
 
 
 def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
@@ -168,31 +201,40 @@ def test_write_tuning_round_trip(tmp_path):
 
 
 # --------------------------------------------------------------------- builds for sm_90a (no GPU)
-def test_non_default_configs_build_in_the_fused_kernels():
-    ag_gemm, gemm_rs = _fused_modules()
+@pytest.fixture(scope="module")
+def gemm_builds():
+    """The fused kernels with non-default configs and the sweep's kernel, built side by side."""
+    import bench_gemm_configs as b
+    import tilescale
+    from build_pool import build_all
+    from tilescale.toolchain import stub_libcuda_dir
 
+    ag_gemm, gemm_rs = _fused_modules()
     a = ag_gemm.kernel_args(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
-    r = ag_gemm.ag_gemm_kernel.build(*a)
-    assert "tl::rasterization2DRow<4>" in r.source and "wait_until" in r.source
     g, red = gemm_rs.kernel_args(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
-    r = gemm_rs.gemm_rs_gemm_kernel.build(*g)
+    stub = stub_libcuda_dir()
+    sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
+    return build_all({
+        "ag_gemm": (ag_gemm.ag_gemm_kernel, a),
+        "gemm_rs": (gemm_rs.gemm_rs_gemm_kernel, g),
+        "gemm_rs_reduce": (gemm_rs.gemm_rs_reduce_kernel, red),
+        "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
+    }).wait()
+
+
+def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
+    r = gemm_builds["ag_gemm"]
+    assert "tl::rasterization2DRow<4>" in r.source and "wait_until" in r.source
+    r = gemm_builds["gemm_rs"]
     assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
     assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
     assert "atom_add" in r.source
-    r = gemm_rs.gemm_rs_reduce_kernel.build(*red)
+    r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source
 
 
-def test_sweep_kernel_builds_with_the_stores_epilogue():
-    import bench_gemm_configs as b
-
-    from tilescale.toolchain import stub_libcuda_dir
-
-    stub = stub_libcuda_dir()
-    import tilescale
-
-    pf = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
-    r = tilescale.build(pf, compile_flags=[f"-L{stub}"] if stub else [])
+def test_sweep_kernel_builds_with_the_stores_epilogue(gemm_builds):
+    r = gemm_builds["sweep"]
     assert "tma_store" not in r.source and "tma_load" in r.source
 
 
@@ -202,7 +244,6 @@ def test_sweep_kernel_builds_with_the_stores_epilogue():
 def test_fused_ops_with_non_default_configs_on_gpus(nranks):
     from tilescale import testing
 
-    if testing.gpu_count() < nranks:
-        pytest.skip(f"needs {nranks} GPUs, found {testing.gpu_count()}")
+    testing.skip_unless_ranks(nranks)
     proc = testing.launch(REPO / "tests" / "gpu" / "gemm_configs_main.py", nranks, timeout=400)
     testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused ops with 7 non-default configs")

@@ -64,6 +64,7 @@ class Context:
         self.gpus = gpus
         self.torch_error: BaseException | None = None
         self.install_error: BaseException | None = None
+        self.ranks_per_gpu_error: BaseException | None = None
 
     @cached_property
     def torch(self):
@@ -105,6 +106,28 @@ class Context:
         return min(int(self.torch.cuda.get_device_properties(i).total_memory) for i in range(self.n_gpus))
 
     @cached_property
+    def ranks_per_gpu(self) -> int | None:
+        """TILESCALE_RANKS_PER_GPU (shared-GPU mode; 1 = a GPU per rank); None when it is invalid."""
+        try:
+            return _ranks_per_gpu_setting()
+        except ValueError as e:
+            self.ranks_per_gpu_error = e
+            return None
+
+    @property
+    def ranks_on_a_gpu(self) -> int:
+        """Ranks the busiest GPU holds in the requested run: ceil(--gpus / visible GPUs), at least 1."""
+        if not self.gpus or not self.gpu_count:
+            return 1
+        return max(1, -(-self.gpus // self.gpu_count))
+
+    @property
+    def shared_gpus(self) -> bool:
+        """Whether the requested run shares GPUs (more ranks than GPUs, allowed by TILESCALE_RANKS_PER_GPU)."""
+        rpg = self.ranks_per_gpu
+        return self.ranks_on_a_gpu > 1 and rpg is not None and self.ranks_on_a_gpu <= rpg
+
+    @cached_property
     def install(self):
         from .discovery import find_nvshmem
 
@@ -116,6 +139,25 @@ class Context:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+NO_GPU = "no GPU visible"     # how the gpus check's finding starts on a machine that can only compile
+
+
+def _ranks_per_gpu_setting() -> int:
+    """TILESCALE_RANKS_PER_GPU as tilescale reads it (settings.ranks_per_gpu); ValueError when invalid."""
+    from .env import settings
+
+    if hasattr(type(settings), "ranks_per_gpu"):
+        return settings.ranks_per_gpu
+    raw = os.environ.get("TILESCALE_RANKS_PER_GPU", "1")   # (a tilescale without the setting)
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise ValueError(f"TILESCALE_RANKS_PER_GPU={raw!r}: expected a whole number >= 1")
+    return v
+
+
 def _cvd() -> str:
     v = os.environ.get("CUDA_VISIBLE_DEVICES")
     return "CUDA_VISIBLE_DEVICES unset" if v is None else f"CUDA_VISIBLE_DEVICES={v!r}"
@@ -298,16 +340,20 @@ def check_gpus(ctx: Context) -> Check:
                 fix += "; torch here is CPU-only: pip install torch --index-url https://download.pytorch.org/whl/cu130"
             elif os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
                 fix += "; or unset CUDA_VISIBLE_DEVICES"
-            return Check(n, FAIL, f"no GPU visible, {ctx.gpus} requested ({_cvd()}; {torch_desc})", fix)
-        return Check(n, WARN, f"no GPU visible: compile-only machine ({_cvd()}; {torch_desc})",
+            return Check(n, FAIL, f"{NO_GPU}, {ctx.gpus} requested ({_cvd()}; {torch_desc})", fix)
+        return Check(n, WARN, f"{NO_GPU}: compile-only machine ({_cvd()}; {torch_desc})",
                      "kernels compile here; run them on a machine with GPUs (GPUS=N bash launch.sh script.py)")
     names = ctx.gpu_names
     kinds = sorted(set(names))
     desc = ", ".join(f"{names.count(k)} x {k}" for k in kinds) if names else "names unknown"
     if ctx.gpus and count < ctx.gpus:
+        if ctx.shared_gpus:
+            return Check(n, OK, f"{count} GPU(s) visible, {ctx.gpus} requested: {desc}; shared, up to "
+                                f"{ctx.ranks_on_a_gpu} ranks per GPU (see shared-gpu) ({_cvd()})")
         fix = f"ask for at most {count}: GPUS={count} bash launch.sh ... (or --gpus {count})"
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             fix += f", or list {ctx.gpus} devices in CUDA_VISIBLE_DEVICES (or unset it)"
+        fix += (f", or share GPUs (correctness only): TILESCALE_RANKS_PER_GPU={ctx.ranks_on_a_gpu}")
         return Check(n, FAIL, f"{count} GPU(s) visible, {ctx.gpus} requested ({_cvd()})", fix)
     req = f", {ctx.gpus} requested" if ctx.gpus else ""
     return Check(n, OK, f"{count} GPU(s) visible{req}: {desc} ({_cvd()})")
@@ -339,6 +385,32 @@ def check_peer_access(ctx: Context) -> Check:
                      "other with CUDA_VISIBLE_DEVICES (see `nvidia-smi topo -m`); in a VM or container enable P2P "
                      "(IOMMU/ACS settings of the host)")
     return Check(n, OK, f"every pair has peer access; {matrix}")
+
+
+def check_shared_gpu(ctx: Context) -> Check:
+    n = "shared-gpu"
+    rpg = ctx.ranks_per_gpu
+    if rpg is None:
+        return Check(n, FAIL, str(ctx.ranks_per_gpu_error or "TILESCALE_RANKS_PER_GPU is invalid"),
+                     "unset TILESCALE_RANKS_PER_GPU (1 rank per GPU), or set it to a whole number >= 1")
+    setting = f"TILESCALE_RANKS_PER_GPU={rpg}" + ("" if "TILESCALE_RANKS_PER_GPU" in os.environ else " (default)")
+    g = ctx.gpu_count
+    if g == 0:
+        return Check(n, OK, f"skipped: no GPU (compile-only); {setting}")
+    if not ctx.gpus:
+        if rpg > 1:
+            return Check(n, OK, f"{setting}: runs may put up to {rpg} ranks on each of the {g} GPU(s) "
+                                "(--gpus N says whether one does)")
+        return Check(n, OK, f"one rank per GPU ({setting}; {g} GPU(s) visible)")
+    if ctx.gpus <= g:
+        return Check(n, OK, f"one rank per GPU: {ctx.gpus} rank(s), {g} GPU(s) visible ({setting})")
+    need = ctx.ranks_on_a_gpu
+    if need <= rpg:
+        return Check(n, OK, f"shared-GPU mode: {ctx.gpus} ranks on {g} GPU(s), up to {rpg} per GPU; "
+                            "torch.distributed on gloo only, NVSHMEM multiple-processes-per-GPU; timings mean "
+                            "nothing")
+    return Check(n, FAIL, f"{ctx.gpus} ranks on {g} GPU(s) need {need} per GPU, {setting} allows {rpg}",
+                 f"set TILESCALE_RANKS_PER_GPU={need} to share GPUs (correctness only) or ask for GPUS<={g}")
 
 
 def check_nvshmem(ctx: Context) -> Check:
@@ -543,7 +615,11 @@ def check_symmetric_heap(ctx: Context) -> Check:
     if mem is None:
         return Check(n, OK, f"{src}; no GPU to compare with")
     where = f"GPU memory {_fmt_bytes(mem)}" + (f" (smallest of {ctx.n_gpus})" if ctx.n_gpus > 1 else "")
-    suggest = 1 << max(20, int(math.log2(mem * 0.5)))
+    per_gpu = ctx.ranks_on_a_gpu if ctx.shared_gpus else 1
+    if per_gpu > 1:   # shared-GPU mode: every rank on a GPU has its own heap there
+        src = f"{src} x {per_gpu} ranks on a GPU = {_fmt_bytes(size * per_gpu)}"
+        size *= per_gpu
+    suggest = 1 << max(20, int(math.log2(mem * 0.5 / per_gpu)))
     fix = f"export NVSHMEM_SYMMETRIC_SIZE={_fmt_bytes(suggest).replace(' ', '').replace('iB', '')}"
     if size > mem:
         return Check(n, FAIL, f"{src} is larger than the {where}", fix)
@@ -598,6 +674,23 @@ def _try_write(d: Path) -> str | None:
     return None
 
 
+def _own_cache_dir(name: str, bad: Path) -> str:
+    """A cache directory of the user's to suggest instead of `bad`: under XDG_CACHE_HOME or ~/.cache, else the
+    home directory (never a shared one such as /tmp, where another user could plant it first)."""
+    home = Path(os.path.expanduser("~"))
+    bases = [Path(os.environ["XDG_CACHE_HOME"]).expanduser()] if os.environ.get("XDG_CACHE_HOME") else []
+    cands = [b / name for b in bases + [home / ".cache"]] + [home / f".{name}-cache"]
+    for c in cands:
+        if c == bad or bad in c.parents:
+            continue
+        p = c
+        while not p.exists() and p != p.parent:   # the nearest existing parent decides whether it can be made
+            p = p.parent
+        if p.is_dir() and os.access(p, os.W_OK | os.X_OK):
+            return str(c)
+    return "<a writable directory of your own, e.g. under your home directory>"
+
+
 def check_cache_dirs(ctx: Context) -> Check:
     n = "cache-dirs"
     from .env import settings
@@ -614,7 +707,7 @@ def check_cache_dirs(ctx: Context) -> Check:
             good.append(f"{var.split('_')[0].lower()} {d}")
         else:
             bad.append(f"{var} {d} is not writable: {why}")
-            fixes.append(f"export {var}=<a writable directory, e.g. /tmp/{var.split('_')[0].lower()}-cache>")
+            fixes.append(f"export {var}={_own_cache_dir(var.split('_')[0].lower(), d)}")
     if bad:
         return Check(n, FAIL, "; ".join(bad), "; ".join(fixes))
     return Check(n, OK, "writable: " + ", ".join(good))
@@ -735,11 +828,18 @@ CHECKS: tuple[CheckSpec, ...] = (
               "`invalid device ordinal`, `LOCAL_RANK=... but this node has N visible GPU(s)`, or launch.sh refusing "
               "`GPUS`.",
               "Ask for at most as many ranks as `torch.cuda.device_count()` reports (`GPUS=N bash launch.sh ...`); "
-              "check `CUDA_VISIBLE_DEVICES`. On a machine without GPUs tilescale only compiles.", check_gpus),
+              "check `CUDA_VISIBLE_DEVICES`; or share GPUs (see `shared-gpu`). On a machine without GPUs tilescale "
+              "only compiles.", check_gpus),
     CheckSpec("peer-access", "CUDA peer access between every pair of the GPUs used",
               "NVSHMEM init fails, or `nvshmem_ptr` returns NULL for a peer on the same node.",
               "Use GPUs that can reach each other (`nvidia-smi topo -m`; select them with `CUDA_VISIBLE_DEVICES`); "
               "in VMs and containers enable P2P on the host.", check_peer_access),
+    CheckSpec("shared-gpu", "with more ranks than GPUs (--gpus N), whether `TILESCALE_RANKS_PER_GPU` lets them "
+                            "share GPUs (shared-GPU mode: ceil(N / GPUs) ranks per GPU at most that setting)",
+              "launch.sh refusing `GPUS` above the GPUs found; in shared-GPU mode, timings that mean nothing or "
+              "NCCL errors (ranks sharing a GPU use gloo for torch.distributed).",
+              "`export TILESCALE_RANKS_PER_GPU=<ceil(N / GPUs)>` to develop and test N ranks on fewer GPUs "
+              "(correct, but not for timings), or ask for `GPUS` <= the GPUs found.", check_shared_gpu),
     CheckSpec("nvshmem", "an NVSHMEM install is found (NVSHMEM_HOME, 3rdparty build, pip wheel), and where",
               "`NvshmemNotFoundError: NVSHMEM not found. Looked in, in order: ...`.",
               "`pip install nvidia-nvshmem-cu13` (CUDA 13; `-cu12` for CUDA 12) or `pip install tilescale[cu13]`, "
@@ -775,7 +875,7 @@ CHECKS: tuple[CheckSpec, ...] = (
               "Start with `bash launch.sh script.py` or torchrun, which set them; on several nodes "
               "`MASTER_ADDR` is node 0's reachable address.", check_rendezvous),
     CheckSpec("symmetric-heap", "`NVSHMEM_SYMMETRIC_SIZE` parses (number with k/m/g/t suffix; default 1G) and fits "
-                                "in GPU memory",
+                                "in GPU memory (once per rank on a GPU in shared-GPU mode)",
               "NVSHMEM init fails or exits; `SymmetricHeapExhaustedError`; out-of-memory in ordinary torch code.",
               "`export NVSHMEM_SYMMETRIC_SIZE=4G` (launch.sh's default): large enough for the symmetric tensors of "
               "a rank, at most 80% of one GPU's memory.", check_symmetric_heap),
@@ -838,9 +938,19 @@ def format_check(c: Check) -> str:
     return line
 
 
+def compile_only(checks: list[Check]) -> bool:
+    """Whether the checks found no GPU: kernels can be compiled here, nothing can run."""
+    return any(c.name == "gpus" and c.found.startswith(NO_GPU) for c in checks)
+
+
 def summary(checks: list[Check]) -> str:
     counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
-    verdict = "a run would fail" if counts[FAIL] else "ready" if not counts[WARN] else "a run should work"
+    if counts[FAIL]:
+        verdict = "a run would fail"
+    elif compile_only(checks):
+        verdict = "nothing can run here (no GPU): kernels can be compiled only (GPUS=N bash launch.sh compiles them)"
+    else:
+        verdict = "ready" if not counts[WARN] else "a run should work"
     return (f"tilescale doctor: {counts[FAIL]} FAIL, {counts[WARN]} warn, {counts[OK]} ok: {verdict}"
             + (" (TILESCALE_SKIP_DOCTOR=1 skips this check in launch.sh)" if counts[FAIL] else ""))
 

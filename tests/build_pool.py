@@ -1,0 +1,59 @@
+"""Compile-only builds of several kernels at once, for the CPU tier (nvcc is single-threaded: on a 2-core
+CI machine, two builds side by side take the time of one).
+
+    builds = build_all({"one_shot": (allreduce.allreduce_one_shot_kernel, (2, 16, "bfloat16")), ...})
+    builds["one_shot"]          # the BuildResult, or re-raises what that build raised
+
+Like tilescale.ops.prebuild: kernels are elaborated (``get_tir``) here, in one thread, and only lowered and
+compiled (``tilescale.build``) in the worker threads. Each build is what ``jit_fn.build(*args)`` does.
+A job may also be a plain callable (run in a worker as it is): e.g. a build in a subprocess with its own
+environment.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from typing import Any, Callable
+
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+class Builds:
+    """Results by key; a failed build re-raises its exception where its result is asked for."""
+
+    def __init__(self, futures: dict[str, cf.Future]):
+        self._futures = futures
+
+    def __getitem__(self, key: str) -> Any:
+        return self._futures[key].result()
+
+    def exception(self, key: str) -> BaseException | None:
+        return self._futures[key].exception()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._futures
+
+    def wait(self) -> "Builds":
+        """Wait for every build (so that no lowering runs beside the caller's next test)."""
+        cf.wait(list(self._futures.values()))
+        return self
+
+
+def _build_job(fn, args, kwargs: dict) -> Callable[[], Any]:
+    import tilescale
+
+    pf = fn.get_tir(*args)                       # elaborate in this (the calling) thread
+    opts = dict(target=fn.target, pass_configs=fn.pass_configs, compile_flags=fn.compile_flags,
+                build_mode=fn.build_mode, wait_timeout_s=fn.wait_timeout_s)
+    opts.update(kwargs)
+    return lambda: tilescale.build(pf, **opts)
+
+
+def build_all(jobs: dict[str, tuple | Callable[[], Any]], workers: int = WORKERS) -> Builds:
+    """Start every job; `jobs` maps a key to ``(jit_fn, args)``, ``(jit_fn, args, build_kwargs)`` or a
+    callable. Returns at once; results wait for their build."""
+    calls = {k: (j if callable(j) else _build_job(j[0], j[1], j[2] if len(j) > 2 else {})) for k, j in jobs.items()}
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(calls))), thread_name_prefix="test-build")
+    futures = {k: pool.submit(c) for k, c in calls.items()}
+    pool.shutdown(wait=False)
+    return Builds(futures)

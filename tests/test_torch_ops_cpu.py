@@ -1,0 +1,563 @@
+"""torch.ops.tilescale.* (tilescale/ops/torch_ops.py) on a machine without a GPU: fake (meta) impls under
+FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP, the autograd formulas
+and the async-TP drop-ins in a simulated world (W threads, one per rank, with collectives over shared
+memory), the padding of ag_gemm / gemm_rs tails, and the fallbacks. The same ops on GPUs (opcheck, the
+layer against torch, the drop-in against torch.ops.symm_mem): examples/distributed/example_tp_layer.py."""
+import importlib
+import os
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _cache_dirs() -> set:
+    """torch.compile's cache directories in the temporary directory (torch._dynamo creates one at import)."""
+    import glob
+    import tempfile
+
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "torchinductor_*")))
+
+
+_EXISTED_BEFORE = _cache_dirs()   # before torch_ops imports torch._dynamo
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from tilescale import runtime  # noqa: E402
+from tilescale.ops import checks, torch_ops  # noqa: E402
+
+ag_gemm_mod = importlib.import_module("tilescale.ops.ag_gemm")
+gemm_rs_mod = importlib.import_module("tilescale.ops.gemm_rs")
+ops = torch.ops.tilescale
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_compiler_cache_left():
+    """Importing torch._dynamo (torch_ops does) creates torch.compile's cache directory in the temporary
+    directory; the compile tests here (backends eager / aot_eager) write nothing into it. Remove it after,
+    if it appeared with this module and is still empty."""
+    yield
+    for d in _cache_dirs() - _EXISTED_BEFORE:
+        try:
+            os.rmdir(d)             # only an empty directory
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------- simulated worlds
+class MirrorWorld:
+    """Rank `rank` of `W` ranks that all hold the same tensors (one process, deterministic): what opcheck
+    and torch.compile need. Records which backend calls ran."""
+
+    def __init__(self, W=2, rank=0):
+        self.W, self.r, self.calls = W, rank, []
+
+    def world_size(self):
+        return self.W
+
+    def rank(self):
+        return self.r
+
+    def is_world_group(self, group_name):
+        return group_name in (None, "world")
+
+    def all_gather(self, x):
+        self.calls.append("all_gather")
+        return torch.cat([x] * self.W)
+
+    def reduce_scatter(self, x, W):
+        self.calls.append("reduce_scatter")
+        return (x * W).chunk(W)[self.r].contiguous()
+
+    def all_reduce_(self, x):
+        self.calls.append("all_reduce")
+        x.mul_(self.W)
+
+    def all_to_all_single(self, x, out_splits, in_splits):
+        self.calls.append("all_to_all")
+        part = x.chunk(self.W)[self.r] if not in_splits else x.split(in_splits)[self.r]
+        return torch.cat([part] * self.W)
+
+    def broadcast_(self, x, src):
+        self.calls.append("broadcast")
+
+    def ag_gemm(self, a, b, return_gathered):
+        self.calls.append("ag_gemm")
+        assert b.is_contiguous()
+        a_full = torch.cat([a] * self.W)
+        return a_full @ b, (a_full if return_gathered else None)
+
+    def gemm_rs(self, x, w):
+        self.calls.append("gemm_rs")
+        assert x.is_contiguous() and w.is_contiguous()
+        return ((x @ w) * self.W).chunk(self.W)[self.r].contiguous()
+
+
+class ThreadWorld:
+    """W ranks as W threads of this process; collectives meet in shared slots behind a barrier. Each
+    thread's rank: ``world.local.rank``."""
+
+    def __init__(self, W):
+        self.W = W
+        self.local = threading.local()
+        self.slots = [None] * W
+        self.barrier = threading.Barrier(W, timeout=60)
+        self.calls = []
+
+    def world_size(self):
+        return self.W
+
+    def rank(self):
+        return self.local.rank
+
+    def is_world_group(self, group_name):
+        return group_name in (None, "world")
+
+    def _exchange(self, obj):
+        self.slots[self.local.rank] = obj
+        self.barrier.wait()
+        every = list(self.slots)
+        self.barrier.wait()
+        return every
+
+    def _log(self, what):
+        if self.local.rank == 0:
+            self.calls.append(what)
+
+    def all_gather(self, x):
+        self._log("all_gather")
+        return torch.cat(self._exchange(x))
+
+    def reduce_scatter(self, x, W):
+        self._log("reduce_scatter")
+        return sum(self._exchange(x)).chunk(W)[self.local.rank].contiguous()
+
+    def all_reduce_(self, x):
+        self._log("all_reduce")
+        x.copy_(sum(self._exchange(x.clone())))
+
+    def all_to_all_single(self, x, out_splits, in_splits):
+        self._log("all_to_all")
+        every = self._exchange((x, in_splits))
+        parts = [t.split(s)[self.local.rank] if s else t.chunk(self.W)[self.local.rank] for t, s in every]
+        return torch.cat(parts)
+
+    def broadcast_(self, x, src):
+        self._log("broadcast")
+        x.copy_(self._exchange(x.clone())[src])
+
+    def ag_gemm(self, a, b, return_gathered):
+        self._log("ag_gemm")
+        a_full = torch.cat(self._exchange(a))
+        return a_full @ b, (a_full if return_gathered else None)
+
+    def gemm_rs(self, x, w):
+        self._log("gemm_rs")
+        return sum(self._exchange(x @ w)).chunk(self.W)[self.local.rank].contiguous()
+
+    def run(self, fn):
+        """fn(rank) on every rank (thread); the results by rank; re-raises the first error."""
+        out, errs = [None] * self.W, []
+
+        def body(r):
+            self.local.rank = r
+            try:
+                out[r] = fn(r)
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.W)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errs:
+            raise errs[0]
+        return out
+
+
+@pytest.fixture
+def world(monkeypatch):
+    def use(w):
+        monkeypatch.setattr(torch_ops, "_BACKEND", w)
+        torch._dynamo.reset()          # world_size() is a constant of compiled code
+        return w
+
+    yield use
+    torch._dynamo.reset()
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# --------------------------------------------------------------------------------------- registration
+def test_ops_are_registered_with_schemas():
+    names = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_", "all_to_all_single", "broadcast",
+             "ag_gemm", "ag_gemm_gathered", "gemm_rs")
+    for n in names:
+        schema = str(getattr(ops, n).default._schema)
+        assert schema.startswith(f"tilescale::{n}("), schema
+    assert ops.all_reduce_.default._schema.arguments[0].alias_info.is_write     # declared mutation
+    assert "!" not in str(ops.all_reduce.default._schema)
+    assert "Int world_size" in str(ops.ag_gemm.default._schema)          # SymInt: an int argument
+
+
+def test_registered_on_first_use_of_torch_ops():
+    import subprocess
+    import sys
+
+    code = ("import sys, tilescale; assert 'torch' not in sys.modules\n"
+            "import tilescale.ops; assert 'tilescale.ops.torch_ops' not in sys.modules, 'registered at import'\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "import torch; assert not hasattr(torch.ops.tilescale, 'ag_gemm')\n"
+            "tilescale.ops.fused_all_gather_matmul; assert torch.ops.tilescale.ag_gemm.default; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# ---------------------------------------------------------------------------------------- fake impls
+@pytest.mark.parametrize("W", [2, 4])
+def test_fake_impls_shapes_without_a_gpu(W):
+    with FakeTensorMode():
+        x = torch.empty(8, 6, 3, dtype=torch.bfloat16)
+        a = torch.empty(5, 64, dtype=torch.float16)
+        b = torch.empty(64, 24, dtype=torch.float16)
+        assert ops.all_gather(x, W).shape == (8 * W, 6, 3) and ops.all_gather(x, W).dtype == torch.bfloat16
+        assert ops.reduce_scatter(x, W).shape == (8 // W, 6, 3)
+        assert ops.all_reduce(x).shape == x.shape and ops.broadcast(x, 1).shape == x.shape
+        assert ops.all_reduce_(x) is None
+        assert ops.all_to_all_single(x, [], []).shape == x.shape
+        assert ops.all_to_all_single(x, [3] * W, [2] * (W - 1) + [8 - 2 * (W - 1)]).shape == (3 * W, 6, 3)
+        c = ops.ag_gemm(a, b, W)
+        assert c.shape == (5 * W, 24) and c.dtype == torch.float16 and c.is_contiguous()
+        af, c = ops.ag_gemm_gathered(a, b, W)
+        assert af.shape == (5 * W, 64) and c.shape == (5 * W, 24)
+        y = ops.gemm_rs(torch.empty(4 * W, 64, dtype=torch.float16), b, W)
+        assert y.shape == (4, 24) and y.dtype == torch.float16
+        with pytest.raises(Exception, match="multiple of the world size"):
+            ops.gemm_rs(torch.empty(4 * W + 1, 64, dtype=torch.float16), b, W)
+        with pytest.raises(Exception, match="inner sizes differ"):
+            ops.ag_gemm(a, torch.empty(32, 24, dtype=torch.float16), W)
+
+
+def test_fake_impls_need_no_backend(monkeypatch):
+    class Nothing:
+        def __getattr__(self, name):
+            raise AssertionError(f"the fake impl called the backend ({name})")
+
+    monkeypatch.setattr(torch_ops, "_BACKEND", Nothing())
+    with FakeTensorMode():
+        ops.gemm_rs(torch.empty(256, 128, dtype=torch.bfloat16), torch.empty(128, 256, dtype=torch.bfloat16), 2)
+        ops.ag_gemm(torch.empty(100, 128, dtype=torch.bfloat16), torch.empty(128, 256, dtype=torch.bfloat16), 2)
+
+
+# -------------------------------------------------------------------------------------------- opcheck
+def _opcheck_cases():
+    bf = torch.bfloat16
+    a, b = randn(40, 64, seed=1, dtype=bf), randn(64, 128, seed=2, dtype=bf)
+    x = randn(64, 32, seed=3)
+    return [
+        ("all_gather", (x, 2)),
+        ("reduce_scatter", (x, 2)),
+        ("all_reduce", (x,)),
+        ("all_reduce_", (x.clone(),)),
+        ("all_to_all_single", (x, [], [])),
+        ("all_to_all_single", (x, [24, 24], [24, 40])),
+        ("broadcast", (x, 1)),
+        ("ag_gemm", (a, b, 2)),
+        ("ag_gemm_gathered", (a, b, 2)),
+        ("gemm_rs", (randn(64, 64, seed=4, dtype=bf), b, 2)),
+        ("ag_gemm", (randn(40, 64, seed=5), randn(64, 12, seed=6), 2)),         # fp32: not fused
+        ("gemm_rs", (randn(64, 64, seed=7), randn(64, 12, seed=8), 2)),
+    ]
+
+
+@pytest.mark.parametrize("name,args", _opcheck_cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_opcheck(world, name, args):
+    world(MirrorWorld(2))
+    torch.library.opcheck(getattr(ops, name), args)
+
+
+@pytest.mark.parametrize("name", ["ag_gemm", "ag_gemm_gathered", "gemm_rs", "all_gather", "reduce_scatter"])
+def test_opcheck_with_gradients(world, name):
+    world(MirrorWorld(2))
+    a = randn(32, 64, seed=1).requires_grad_()
+    b = randn(64, 16, seed=2).requires_grad_()
+    args = {"ag_gemm": (a, b, 2), "ag_gemm_gathered": (a, b, 2), "gemm_rs": (randn(64, 64, seed=3).requires_grad_(),
+            b, 2), "all_gather": (a, 2), "reduce_scatter": (a, 2)}[name]
+    torch.library.opcheck(getattr(ops, name), args)
+
+
+# ---------------------------------------------------------------------------------------- torch.compile
+def tp_mlp(x, w1, w2):
+    h = torch.nn.functional.gelu(torch_ops.ag_gemm(x, w1))
+    return torch_ops.gemm_rs(h, w2)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fullgraph_traces_a_tp_mlp(world, backend):
+    w = world(MirrorWorld(2))
+    bf = torch.bfloat16
+    x, w1, w2 = randn(64, 256, seed=1, dtype=bf), randn(256, 256, seed=2, dtype=bf), randn(256, 256, seed=3, dtype=bf)
+    params = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    want = tp_mlp(*params)
+    want.float().square().sum().backward()
+    grads = [p.grad for p in params]
+    w.calls.clear()
+    compiled = torch.compile(tp_mlp, fullgraph=True, backend=backend)
+    params = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    got = compiled(*params)
+    got.float().square().sum().backward()
+    torch.testing.assert_close(got, want)
+    for p, g in zip(params, grads):
+        torch.testing.assert_close(p.grad, g)
+    assert {"ag_gemm", "gemm_rs"} <= set(w.calls)
+
+
+def test_compile_fullgraph_traces_the_drop_ins_and_collectives(world):
+    world(MirrorWorld(2))
+
+    def f(a, b1, b2, x, y):
+        A, (c1, c2) = torch_ops.fused_all_gather_matmul(a, [b1, b2], 1, "world")
+        z = torch_ops.fused_matmul_reduce_scatter(x, b1.t(), "avg", 0, "world")
+        t = torch_ops.all_reduce(y) + torch_ops.broadcast(y, 1) + torch_ops.all_to_all_single(y)
+        return A.sum() + c1.sum() + c2.sum() + z.sum() + torch_ops.reduce_scatter(torch_ops.all_gather(t)).sum()
+
+    args = (randn(2, 8, 64, seed=1), randn(64, 32, seed=2), randn(64, 8, seed=3), randn(4, 6, 32, seed=4),
+            randn(8, 16, seed=5))
+    want = f(*args)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
+    torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------------------- a real world in threads: autograd
+def full_mlp(T, H, Fd, dtype):
+    x, w1, w2 = randn(T, H, seed=11), randn(H, Fd, seed=12) / H ** 0.5, randn(Fd, H, seed=13) / Fd ** 0.5
+    dy = randn(T, H, seed=14)
+    return [t.to(dtype) for t in (x, w1, w2, dy)]
+
+
+@pytest.mark.parametrize("W,T,H,dtype", [(2, 40, 64, torch.float32), (4, 36, 64, torch.float32),
+                                         (2, 16, 256, torch.bfloat16), (4, 24, 256, torch.bfloat16)])
+def test_tp_mlp_gradients_match_torch(world, W, T, H, dtype):
+    """Sequence-parallel x (rows), W1 by columns (AG+GEMM), W2 by rows (GEMM+RS): output and every
+    gradient of every rank equal the single-process MLP's slices; bf16 runs the fused ops forward and
+    backward, fp32 the collective + torch GEMM (not fusable)."""
+    Fd = 256
+    w = world(ThreadWorld(W))
+    x, w1, w2, dy = full_mlp(T, H, Fd, dtype)
+    ref = [t.float().clone().requires_grad_() for t in (x, w1, w2)]
+    y = torch.nn.functional.gelu(ref[0] @ ref[1]) @ ref[2]
+    y.backward(dy.float())
+    t, f = T // W, Fd // W
+
+    def rank(r):
+        xs = x[r * t:(r + 1) * t].clone().requires_grad_()
+        w1s = w1[:, r * f:(r + 1) * f].contiguous().requires_grad_()
+        w2s = w2[r * f:(r + 1) * f].clone().requires_grad_()
+        ys = tp_mlp(xs, w1s, w2s)
+        ys.backward(dy[r * t:(r + 1) * t])
+        return ys.detach(), xs.grad, w1s.grad, w2s.grad
+
+    for r, (ys, dx, dw1, dw2) in enumerate(w.run(rank)):
+        for got, want in ((ys, y.detach()[r * t:(r + 1) * t]), (dx, ref[0].grad[r * t:(r + 1) * t]),
+                          (dw1, ref[1].grad[:, r * f:(r + 1) * f]), (dw2, ref[2].grad[r * f:(r + 1) * f])):
+            assert got.dtype == dtype and got.shape == want.shape
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            else:   # bf16: relative error of the whole tensor (elements near 0 are off by rounding)
+                assert ((got.float() - want).norm() / want.norm()).item() < 2e-2
+    # forward: ag_gemm, gemm_rs; backward of gemm_rs: ag_gemm_gathered (AG+GEMM, keeps the gathered dY);
+    # backward of ag_gemm: gemm_rs (GEMM+RS) and a gather of x for dW1
+    if dtype == torch.bfloat16:
+        assert sorted(w.calls) == sorted(["ag_gemm", "gemm_rs", "ag_gemm", "gemm_rs", "all_gather"])
+    else:   # not fusable (fp32): each fused op is its collective and torch's GEMM
+        assert sorted(w.calls) == sorted(["all_gather", "reduce_scatter"] * 2 + ["all_gather"])
+
+
+def test_ag_gemm_gathered_gradient_through_both_outputs(world):
+    W, rows, K, N = 2, 8, 16, 12
+    w = world(ThreadWorld(W))
+    a = randn(W * rows, K, seed=1)
+    b = randn(K, N, seed=2)
+    ref_a = a.clone().requires_grad_()
+    ref_b = b.clone().requires_grad_()
+    # every rank: loss_r = sum(A_full * 1.5) + sum((A_full @ B_r) ** 2), B_r = b * (r + 1)
+    total = sum((ref_a * 1.5).sum() + (ref_a @ (ref_b * (r + 1))).square().sum() for r in range(W))
+    total.backward()
+
+    def rank(r):
+        ar = a[r * rows:(r + 1) * rows].clone().requires_grad_()
+        br = (b * (r + 1)).requires_grad_()
+        A, c = torch_ops.ag_gemm_gathered(ar, br)
+        ((A * 1.5).sum() + c.square().sum()).backward()
+        return ar.grad, br.grad
+
+    for r, (da, db) in enumerate(w.run(rank)):
+        torch.testing.assert_close(da, ref_a.grad[r * rows:(r + 1) * rows])
+        torch.testing.assert_close(db, (ref_a.detach().t() @ (2 * ref_a.detach() @ (b * (r + 1)))))
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("gather_dim", [0, 1, -1])
+def test_fused_all_gather_matmul_matches_torch_semantics(world, W, gather_dim):
+    w = world(ThreadWorld(W))
+    shards = [randn(4, 6, 16, seed=r) for r in range(W)]
+    K = 16 * W if gather_dim == -1 else 16
+    Bs = [randn(K, 8, seed=100), randn(K, 4, seed=101)]
+    A_ref = torch.cat(shards, dim=gather_dim)
+
+    def rank(r):
+        return torch_ops.fused_all_gather_matmul(shards[r], Bs, gather_dim, "world")
+
+    for A, outs in w.run(rank):
+        torch.testing.assert_close(A, A_ref)
+        for o, B in zip(outs, Bs):
+            torch.testing.assert_close(o, A_ref @ B)
+    A, outs = w.run(lambda r: torch_ops.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
+                                                                return_A=False))[0]
+    assert A is None and len(outs) == 1
+    torch.testing.assert_close(outs[0], A_ref @ Bs[0])
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("scatter_dim,reduce_op", [(0, "sum"), (1, "avg"), (-1, "sum")])
+def test_fused_matmul_reduce_scatter_matches_torch_semantics(world, W, scatter_dim, reduce_op):
+    w = world(ThreadWorld(W))
+    As = [randn(2 * W, 3 * W, 16, seed=r) for r in range(W)]
+    B = randn(16, 4 * W, seed=100)
+    full = sum(a @ B for a in As)
+    if reduce_op == "avg":
+        full = full / W
+    want = full.chunk(W, dim=scatter_dim)
+    for r, got in enumerate(w.run(lambda r: torch_ops.fused_matmul_reduce_scatter(As[r], B, reduce_op, scatter_dim,
+                                                                                   "world"))):
+        torch.testing.assert_close(got, want[r])
+
+
+def test_collectives_in_threads(world):
+    W = 4
+    w = world(ThreadWorld(W))
+    xs = [randn(8, 3, seed=r) for r in range(W)]
+
+    def rank(r):
+        x = xs[r]
+        y = x.clone()
+        torch_ops.all_reduce_(y)
+        splits_in = [r + 1, 1, 1, 5 - r]           # rank r sends splits_in[p] rows to p
+        a2a = torch_ops.all_to_all_single(x, [p + 1 if r == 0 else (1 if r in (1, 2) else 5 - p) for p in range(W)],
+                                          splits_in)
+        return torch_ops.all_gather(x), torch_ops.reduce_scatter(x), torch_ops.all_reduce(x), y, \
+            torch_ops.broadcast(x, 2), a2a
+
+    for r, (ag, rs, ar, ar_, bc, a2a) in enumerate(w.run(rank)):
+        torch.testing.assert_close(ag, torch.cat(xs))
+        torch.testing.assert_close(rs, sum(xs).chunk(W)[r])
+        torch.testing.assert_close(ar, sum(xs))
+        torch.testing.assert_close(ar_, sum(xs))
+        torch.testing.assert_close(bc, xs[2])
+        want = torch.cat([xs[p].split([p + 1, 1, 1, 5 - p])[r] for p in range(W)])
+        torch.testing.assert_close(a2a, want)
+
+
+# ------------------------------------------------------------------------------- fused or not, fallbacks
+def test_why_not_fused():
+    bf = torch.bfloat16
+    assert torch_ops.why_not_fused("ag_gemm", 4100, 1024, 512, bf, 2) is None       # tail: padded
+    assert torch_ops.why_not_fused("gemm_rs", 100, 1024, 512, bf, 4) is None
+    assert "dtype" in torch_ops.why_not_fused("ag_gemm", 128, 1024, 512, torch.float32, 2)
+    assert "multiples of 8" in torch_ops.why_not_fused("ag_gemm", 128, 1020, 512, bf, 2)
+    assert "multiple of 128" in torch_ops.why_not_fused("gemm_rs", 128, 1000, 512, bf, 2)
+
+
+def test_not_fused_runs_collective_then_gemm(world, caplog):
+    w = world(MirrorWorld(2))
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="tilescale.ops"):
+        c = torch_ops.ag_gemm(randn(8, 16, seed=1), randn(16, 4, seed=2))
+        y = torch_ops.gemm_rs(randn(8, 16, seed=1), randn(16, 4, seed=2))
+    assert w.calls == ["all_gather", "reduce_scatter"] and c.shape == (16, 4) and y.shape == (4, 4)
+    assert "not fused (dtype torch.float32" in caplog.text
+    w.calls.clear()
+    torch_ops.ag_gemm(randn(8, 16, seed=1, dtype=torch.bfloat16), randn(256, 16, seed=2, dtype=torch.bfloat16).t())
+    assert w.calls == ["ag_gemm"]
+
+
+def test_drop_ins_fall_back_to_torch(world, monkeypatch, caplog):
+    import logging
+
+    world(MirrorWorld(2))
+    seen = []
+
+    class SymmMem:
+        def fused_all_gather_matmul(self, *a, **k):
+            seen.append(("ag", a[3], k))
+            return None, []
+
+        def fused_matmul_reduce_scatter(self, *a):
+            seen.append(("rs", a[2], a[4]))
+            return a[0]
+
+    monkeypatch.setattr(torch.ops, "symm_mem", SymmMem(), raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed._symmetric_memory", object())
+    a, b = randn(4, 8), randn(8, 4)
+    with caplog.at_level(logging.DEBUG, logger="tilescale.ops"):
+        torch_ops.fused_all_gather_matmul(a, [b], 0, "tp_subgroup")
+        torch_ops.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
+        torch_ops.fused_matmul_reduce_scatter(a.double(), b.double(), "sum", 0, "world")
+    assert seen == [("ag", "tp_subgroup", {"return_A": True}), ("rs", "max", "world"), ("rs", "sum", "world")]
+    assert "group 'tp_subgroup' is not the whole world" in caplog.text and "reduce_op 'max'" in caplog.text
+    assert "dtype torch.float64" in caplog.text
+
+
+# --------------------------------------------------------------------------- tails of ag_gemm / gemm_rs
+class FakeRuntime:
+    def __init__(self, W):
+        self.info = runtime.DistInfo(rank=0, world_size=W, local_rank=0, local_world_size=W)
+
+    def all_gather_object(self, obj):
+        return [obj] * self.info.world_size
+
+
+class FakeFused:
+    """An AGGemm / GemmRS of the padded shape (its checks: whole 128-row tiles per rank), mirror world."""
+
+    def __init__(self, kind, M, N, K, dtype, W):
+        assert (M // W) % 128 == 0, M
+        self.kind, self.M, self.W, self.a = kind, M, W, None
+
+    def __call__(self, a, b):
+        if self.kind == "ag":
+            assert a.shape[0] * self.W == self.M
+            self.a = torch.cat([a] * self.W)
+            return self.a @ b
+        assert a.shape[0] == self.M and a.is_contiguous()
+        return ((a @ b) * self.W)[:self.M // self.W]
+
+    def gathered(self):
+        return self.a
+
+
+@pytest.mark.parametrize("W,rows", [(2, 4100), (4, 100), (2, 256)])
+def test_ag_gemm_and_gemm_rs_pad_row_tails(monkeypatch, W, rows):
+    monkeypatch.setattr(runtime, "current", lambda: FakeRuntime(W))
+    monkeypatch.setattr(checks, "this_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(ag_gemm_mod, "_cached", lambda *k: FakeFused("ag", *k))
+    monkeypatch.setattr(gemm_rs_mod, "_cached", lambda *k: FakeFused("rs", *k))
+    bf = torch.bfloat16
+    a, b = randn(rows, 64, seed=1, dtype=bf), randn(64, 32, seed=2, dtype=bf)
+    c, af = ag_gemm_mod.ag_gemm(a, b, return_gathered=True)
+    assert c.shape == (W * rows, 32) and af.shape == (W * rows, 64)
+    torch.testing.assert_close(c, torch.cat([a] * W) @ b)
+    torch.testing.assert_close(af, torch.cat([a] * W))
+    x = randn(W * rows, 64, seed=3, dtype=bf)
+    y = gemm_rs_mod.gemm_rs(x, b)
+    assert y.shape == (rows, 32)
+    torch.testing.assert_close(y, ((x @ b) * W)[:rows])   # rank 0's rows of the mirror world's sum
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        gemm_rs_mod.gemm_rs(randn(W * rows + 1, 64, dtype=bf), b)
