@@ -9,6 +9,8 @@
 * Device-side waits of kernels built by the tests are bounded (``TILESCALE_WAIT_TIMEOUT_S=30``) unless
   the caller chose otherwise. The user's kernel caches are kept (speed); tests that need a cold cache
   make their own temporary one.
+* The kernels of the selected compile tests are built ahead, in the background, while other tests run
+  (tests/prebuild_cpu_tier.py).
 """
 from __future__ import annotations
 
@@ -144,6 +146,31 @@ def run_python(code: str, env: dict | None = None, timeout: float = 600, cwd: Pa
     r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        env=e, timeout=timeout, cwd=str(cwd or REPO_ROOT))
     return r, time.monotonic() - t0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_built_ahead(request, tmp_path_factory):
+    """The kernels of the selected compile tests, compiled meanwhile by a background process at the lowest
+    priority (tests/prebuild_cpu_tier.py: why, and what it builds); stopped at the end of the run."""
+    script = REPO_ROOT / "tests" / "prebuild_cpu_tier.py"
+    if not script.is_file():                  # this conftest copied elsewhere (tests/test_conftest_policy.py)
+        yield
+        return
+    ids = {i.nodeid.split("[")[0] for i in request.session.items
+           if "gpu" not in i.keywords and "multigpu" not in i.keywords}
+    d = tmp_path_factory.mktemp("prebuild")   # also its TMPDIR: whatever tilelang leaves stays in pytest's own
+    (d / "tests.txt").write_text("\n".join(sorted(ids)))
+    with open(d / "log.txt", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(script), str(d / "tests.txt")], stdout=log,
+                                stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env={**os.environ, "TMPDIR": str(d)})
+    yield
+    if proc.poll() is None:
+        proc.terminate()                      # drops what has not started; running builds finish
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")

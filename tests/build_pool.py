@@ -33,6 +33,11 @@ class Builds:
     def __contains__(self, key: str) -> bool:
         return key in self._futures
 
+    def cancel(self) -> None:
+        """Drop the builds that have not started (running ones finish: nothing is left half-built)."""
+        for f in self._futures.values():
+            f.cancel()
+
     def wait(self) -> "Builds":
         """Wait for every build (so that no lowering runs beside the caller's next test)."""
         cf.wait(list(self._futures.values()))

@@ -186,7 +186,7 @@ def test_builds_against_nvshmem_home(builds):
     assert "tilescale_module_init" in _exported(r["library"])
 
 
-def test_build_error_is_explained(builds):
+def test_build_error_is_explained(builds, workdir):
     """An nvcc failure of a distributed kernel is a BuildError naming the kernel, mode and NVSHMEM."""
     with pytest.raises(tilescale.errors.BuildError) as ei:
         builds["broken"]
@@ -194,3 +194,5 @@ def test_build_error_is_explained(builds):
     assert "'main'" in msg and "inlined mode" in msg and f"NVSHMEM {discovery.find_nvshmem().version}" in msg
     assert isinstance(ei.value.__cause__, RuntimeError)       # tilelang's error, with the command, is chained
     # (nvcc's own diagnostics are not in the message: tilelang does not capture nvcc's output; reported)
+    # no build of this module, the failed one included, left its temporaries in the temporary directory
+    assert sorted(p.name for p in workdir.iterdir()) == []

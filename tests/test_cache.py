@@ -84,10 +84,12 @@ def _cu_files(env: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory):
-    """One cold compile into fresh caches: (cache folder, its environment, result)."""
+    """Four processes compile one kernel at once into the same fresh caches, the cold cache the other cases
+    start from: (cache folder, their environments, their results)."""
     tmp = tmp_path_factory.mktemp("cold")
-    e = _env(tmp, "first")
-    return tmp, e, _run(COMPILE, e)[0]
+    envs = [_env(tmp, f"p{i}") for i in range(4)]
+    procs = [_start(COMPILE, e) for e in envs]       # all four start from a cold cache
+    return tmp, envs, [_result(p)[0] for p in procs]
 
 
 def _copy_env(e: dict, tmp: Path, name: str, **extra) -> dict:
@@ -108,9 +110,11 @@ def _copy_kernel_cache(cold_dir: Path, dst: Path, name: str, **extra) -> dict:
 
 
 def test_second_process_hits_the_cache(cold):
-    tmp, e1, first = cold
+    tmp, envs, results = cold
+    compiled = [(e, r) for e, r in zip(envs, results) if _cu_files(e)]   # nvcc ran: a .cu in its TMPDIR
+    assert compiled, "no process compiled the kernel into the cold cache"
+    e1, first = compiled[0]
     assert first["entries"] == 1 and first["source_ok"] and first["mode"] == "inlined"
-    assert _cu_files(e1), "the first process should have run nvcc (a .cu in its TMPDIR)"
 
     e2 = _env(tmp, "second", CALL_WITHOUT_RUNTIME="1")
     res = _run(COMPILE, e2)
@@ -134,10 +138,8 @@ def test_wait_timeout_and_build_mode_are_part_of_the_key(cold, tmp_path):
     assert len(_kernel_entries(tmp_path)) == 3
 
 
-def test_four_processes_compile_one_kernel_at_once(tmp_path):
-    envs = [_env(tmp_path, f"p{i}") for i in range(4)]
-    procs = [_start(COMPILE, e) for e in envs]       # all four start from a cold cache
-    results = [_result(p)[0] for p in procs]
+def test_four_processes_compile_one_kernel_at_once(cold):
+    tmp_path, _, results = cold
     assert all(r["source_ok"] and r["mode"] == "inlined" for r in results)
     entries = _kernel_entries(tmp_path)
     assert len(entries) == 1, f"expected one cache entry, found {[e.name for e in entries]}"
@@ -160,21 +162,29 @@ print("RESULT " + json.dumps(str(runtime._shim_path(find_nvshmem()))))
 """
 
 
-def test_four_processes_build_the_runtime_shim_at_once(tmp_path):
+@pytest.fixture(scope="module")
+def shim_cache(tmp_path_factory):
+    """Four processes build the runtime shim at once into one empty TILESCALE_CACHE_DIR (a built cache the
+    corruption cases copy): (the cache, the shim path each returned)."""
+    tmp = tmp_path_factory.mktemp("shim")
+    envs = [_env(tmp, f"s{i}") for i in range(4)]
+    for e in envs:
+        e["TILESCALE_CACHE_DIR"] = str(tmp / "shim-cache")   # one empty cache for all four
+    procs = [_start(SHIM, e) for e in envs]
+    return tmp / "shim-cache", [_result(p) for p in procs]
+
+
+def test_four_processes_build_the_runtime_shim_at_once(shim_cache):
     import ctypes
 
     from tilescale import runtime
     from tilescale.discovery import clear_cache, find_nvshmem
 
-    envs = [_env(tmp_path, f"s{i}") for i in range(4)]
-    for e in envs:
-        e["TILESCALE_CACHE_DIR"] = str(tmp_path / "shim-cache")   # one empty cache for all four
-    procs = [_start(SHIM, e) for e in envs]
-    paths = [_result(p) for p in procs]
+    cache, paths = shim_cache
     assert len(set(paths)) == 1, paths
     so = Path(paths[0])
-    assert so.is_file() and so.is_relative_to(tmp_path / "shim-cache")
-    leftovers = [p.name for p in (tmp_path / "shim-cache").rglob("*") if p.is_file()
+    assert so.is_file() and so.is_relative_to(cache)
+    leftovers = [p.name for p in cache.rglob("*") if p.is_file()
                  and not p.name.endswith((".so", ".lock", ".so.sha256"))]
     assert leftovers == [], f"temporary files left behind: {leftovers}"
     assert [p.name for p in so.parent.iterdir() if p.suffix == ".so"] == ["libts_runtime.so"]
@@ -311,18 +321,19 @@ def _start_and_collect(code: str, env: dict, timeout: float = 600):
 
 
 @pytest.mark.parametrize("corrupt", ["truncated", "scrambled", "no record"])
-def test_corrupted_runtime_shim_is_rebuilt_and_loads(tmp_path, corrupt):
+def test_corrupted_runtime_shim_is_rebuilt_and_loads(shim_cache, tmp_path, corrupt):
     """The host shim in TILESCALE_CACHE_DIR: a corrupted copy is detected by the next process, rebuilt
     (nvcc runs again, a warning names the file and what is wrong) and the rebuilt library loads."""
     from tilescale.discovery import find_nvshmem
     from tilescale.toolchain import record_path, why_invalid
 
-    e = _env(tmp_path, "build")
-    (so, version), _ = _start_and_collect(SHIM_LOAD, e)
-    so = Path(so)
+    cache, paths = shim_cache
+    shutil.copytree(cache, tmp_path / "ts-cache", symlinks=True)   # each case corrupts a copy of the built cache
+    so = tmp_path / "ts-cache" / Path(paths[0]).relative_to(cache)
+    assert why_invalid(so) is None
     built = so.read_bytes()
     major, minor, patch = find_nvshmem().version_tuple
-    assert version == major * 10000 + minor * 100 + patch
+    version = major * 10000 + minor * 100 + patch
     {"truncated": _truncate, "scrambled": _scramble, "no record": lambda p: record_path(p).unlink()}[corrupt](so)
     mtime = so.stat().st_mtime_ns
 

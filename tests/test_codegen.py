@@ -277,6 +277,23 @@ def test_golden(module_env, family):
                     f"(UPDATE_GOLDEN=1 to accept):\n{diff}")
 
 
+@pytest.mark.parametrize("op", ["barrier_all", "sync_all"])
+def test_grid_scope_meets_the_whole_grid_around_the_first_blocks_barrier(module_env, op):
+    """scope="grid": every block meets (grid sync), block 0 runs the barrier of all ranks, every block meets
+    again. Without the grid syncs the other blocks would read peers' data before it arrives."""
+    @T.prim_func
+    def grid_scope(x: T.Tensor((128,), "float32")):
+        with T.Kernel(4, threads=128) as b:
+            getattr(T, op)(scope="grid")
+            x[b] = 1.0
+
+    body = kernel_function(lower_source(grid_scope))
+    sync = "cooperative_groups::this_grid().sync();"
+    i = body.index("tilescale::barrier_all_first_block();")
+    assert body.count(sync) == 2, body
+    assert body.index(sync) < i < body.rindex(sync), body
+
+
 def test_golden_snapshots_have_no_stale_files():
     expected = {f"{f}.cu" for f in FAMILIES}
     present = {p.name for p in GOLDEN.glob("*.cu")}
@@ -416,9 +433,10 @@ def plain_add(n: int = 2048):
     return plain_add
 
 
-def test_plain_kernel_after_distributed_one_is_untouched(module_env):
+def test_plain_kernel_after_distributed_one_is_untouched(module_env, monkeypatch, tmp_path):
     import tilelang
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # tilelang's JIT keeps the .cu/.so it compiled there
     sys.path.insert(0, str(HERE.parent / "examples" / "distributed"))
     from example_ring_put import ring_put_kernel
 

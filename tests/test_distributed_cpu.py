@@ -95,6 +95,9 @@ t = x.clone()
 dist.all_reduce(t, group=gw)
 out["world_subgroup"] = same(t, sum(everyone))
 out["stats_empty"] = dist.stats() == {}
+# gloo's works and groups still referenced at interpreter exit can abort the process there ("terminate called
+# without an active exception", torch's teardown, seen under CPU load): released before the group is destroyed
+del w1, w2, w, g0, gw
 dist.destroy_process_group()
 out["destroyed"] = not td.is_initialized()
 print("RESULT " + json.dumps(out), flush=True)
@@ -263,6 +266,7 @@ out["heap_exhausted_fallback"] = [same(t, sum(everyone)), calls[-1] == ("allredu
 out["debug_lines"] = [any("NCCL (op" in m for m in dbg),
                       rank != 0 or any("subgroup" in m for m in dbg), any("split sizes" in m for m in dbg),
                       any("ar_gather_sum (" in m for m in dbg)]
+del w, sub, same_world          # as in PASSTHROUGH: no gloo work or group left for interpreter exit
 dist.destroy_process_group()
 out["reset"] = not dist.is_tilescale_enabled()
 print("RESULT " + json.dumps(out), flush=True)

@@ -201,12 +201,11 @@ def test_write_tuning_round_trip(tmp_path):
 
 
 # --------------------------------------------------------------------- builds for sm_90a (no GPU)
-@pytest.fixture(scope="module")
-def gemm_builds():
-    """The fused kernels with non-default configs and the sweep's kernel, built side by side."""
+def build_jobs() -> dict:
+    """The fused kernels with non-default configs and the sweep's kernel, as build_pool jobs (also built
+    ahead by tests/prebuild_cpu_tier.py)."""
     import bench_gemm_configs as b
     import tilescale
-    from build_pool import build_all
     from tilescale.toolchain import stub_libcuda_dir
 
     ag_gemm, gemm_rs = _fused_modules()
@@ -214,12 +213,20 @@ def gemm_builds():
     g, red = gemm_rs.kernel_args(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
-    return build_all({
+    return {
         "ag_gemm": (ag_gemm.ag_gemm_kernel, a),
         "gemm_rs": (gemm_rs.gemm_rs_gemm_kernel, g),
         "gemm_rs_reduce": (gemm_rs.gemm_rs_reduce_kernel, red),
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
-    }).wait()
+    }
+
+
+@pytest.fixture(scope="module")
+def gemm_builds():
+    """The kernels of build_jobs(), built side by side."""
+    from build_pool import build_all
+
+    return build_all(build_jobs()).wait()
 
 
 def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):

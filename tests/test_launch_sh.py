@@ -18,10 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 LAUNCH = REPO / "launch.sh"
 
 
-def _launch(args, gpus=None, timeout=300, tmpdir=None):
+def _launch(args, gpus=None, timeout=300, tmpdir=None, cache_dir=None):
     e = dict(os.environ)
     if tmpdir is not None:
-        e["TMPDIR"] = str(tmpdir)                      # the build products of the example land here
+        e["TMPDIR"] = str(tmpdir)                      # nothing of the build may be left here
+    if cache_dir is not None:
+        e["TILESCALE_CACHE_DIR"] = str(cache_dir)      # compile-only builds are kept in <cache>/kernels/<key>/
     e["PYTHON"] = sys.executable                       # the interpreter that has tilescale and torch
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     e.pop("GPUS", None)
@@ -33,14 +35,21 @@ def _launch(args, gpus=None, timeout=300, tmpdir=None):
 
 @pytest.mark.skipif(testing.gpu_count() > 0, reason="this machine has GPUs: launch.sh would run the example")
 def test_no_gpu_compiles_and_exits_2(tmp_path):
-    r = _launch(["examples/distributed/example_ring_put.py"], gpus="2", timeout=600, tmpdir=tmp_path)
+    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmp.mkdir()
+    r = _launch(["examples/distributed/example_ring_put.py"], gpus="2", timeout=600, tmpdir=tmp, cache_dir=cache)
     out = r.stdout + r.stderr
     assert r.returncode == 2, out
     assert "needs 2 GPUs, found 0" in r.stderr, out
     assert "compiled" in r.stdout, out
     assert "for world size 2" in r.stdout, out        # WORLD_SIZE came from GPUS
-    assert "built " in r.stdout and ".so" in r.stdout, out
-    assert list(tmp_path.glob("*.so")), "no library was built"
+    built = re.findall(r"^built (\S+\.so) ", r.stdout, re.M)
+    assert built, out
+    libs = sorted((cache / "kernels").glob("*/kernel_lib.so"))   # where tilescale.build keeps its libraries
+    assert libs, f"no library was built in {cache}/kernels\n{out}"
+    assert {Path(b) for b in built} <= set(libs), (built, libs)
+    assert all(lib.stat().st_size > 0 for lib in libs)
+    assert not list(tmp.iterdir()), f"the build left files in TMPDIR: {sorted(tmp.iterdir())}"
 
 
 def test_gpus_not_a_number():
@@ -102,7 +111,8 @@ def _torchrun_job(tmp_path, mode):
     py.chmod(0o755)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    job = jobs.Job(script, mode, gpus=2, env={"PYTHON": str(py)})
+    # TMPDIR: torchrun keeps each run's logs in a torchelastic_* directory there and leaves it behind
+    job = jobs.Job(script, mode, gpus=2, env={"PYTHON": str(py), "TMPDIR": str(tmp_path)})
     try:
         lines = job.wait_for(r"\[rank \d\] RUNNING", 2, timeout=120)
     except AssertionError:

@@ -1,5 +1,7 @@
 """The shared-GPU mode on CPU: how ranks map to GPUs, the gloo-only torch.distributed group, the error without
 the setting, and the test harness sharing GPUs by itself (launch.sh's side: tests/test_launch_sh.py)."""
+import re
+
 import pytest
 
 from tilescale import env, errors, runtime, testing
@@ -63,17 +65,31 @@ def test_harness_shares_gpus_when_there_are_fewer_than_ranks(monkeypatch):
     class FakePopen:
         def __init__(self, cmd, env, **kw):
             seen.update(env)
-            self.returncode, self.pid = 0, 0
+            self.returncode, self.pid, self.stdout = 0, 0, iter(["[rank 0] OK\n"])
 
-        def communicate(self, timeout=None):
-            return "", None
+        def wait(self, timeout=None):
+            return 0
 
     monkeypatch.setattr(testing.subprocess, "Popen", FakePopen)
     monkeypatch.setattr(testing, "gpu_count", lambda: 1)
     monkeypatch.delenv("TILESCALE_RANKS_PER_GPU", raising=False)
-    testing.launch("x.py", 4)
+    assert testing.launch("x.py", 4).stdout == "[rank 0] OK\n"
     assert seen["GPUS"] == "4" and seen["TILESCALE_RANKS_PER_GPU"] == "4"
     seen.clear()
     monkeypatch.setattr(testing, "gpu_count", lambda: 4)
     testing.launch("x.py", 4)
     assert "TILESCALE_RANKS_PER_GPU" not in seen     # distinct GPUs: NCCL references stay in use
+
+
+def test_launch_writes_a_stamped_job_log_when_asked(tmp_path, monkeypatch):
+    """TILESCALE_TEST_LOG_DIR: every job's output, line by line with its time, and the exit code."""
+    script = tmp_path / "job.sh"
+    monkeypatch.setattr(testing, "LAUNCH_SH", script)
+    script.write_text("echo one; echo two; exit 3\n")
+    monkeypatch.setenv("TILESCALE_TEST_LOG_DIR", str(tmp_path / "logs"))
+    proc = testing.launch("x.py", 2)
+    assert proc.returncode == 3 and proc.stdout == "one\ntwo\n"
+    (log,) = (tmp_path / "logs").glob("*.log")
+    text = log.read_text()
+    assert "test_launch_writes_a_stamped_job_log_when_asked-2r" in log.name
+    assert re.search(r"^\[\s*\d+\.\ds\] one$", text, re.M) and re.search(r"\] \[tilescale.testing\] exit 3$", text, re.M)

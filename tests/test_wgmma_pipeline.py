@@ -1,7 +1,9 @@
 """The debug-mode waits must not slow the GEMM down: any call (or printf) in a kernel makes ptxas serialise
 its wgmma pipeline (warning C7510), which cost the AG+GEMM GEMM up to a quarter of its speed on H200 while
 TILESCALE_WAIT_TIMEOUT_S was on. Builds AG+GEMM with a wait timeout and checks ptxas's verbose report.
-tilelang's build does not capture nvcc's output, so the build runs in a child process whose stderr is read."""
+tilelang's build does not capture nvcc's output, so the build runs in a child process whose stderr is read,
+with an empty kernel cache of its own (a library found in the cache would be returned without running ptxas)."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,9 +19,10 @@ BUILD = textwrap.dedent("""
 """)
 
 
-def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm():
+def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm(tmp_path):
+    env = dict(os.environ, TILESCALE_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", BUILD], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "Compiling entry function 'ag_gemm_kernel'" in r.stdout, "ptxas -v output not seen:\n" + r.stdout[-2000:]
     assert "C7510" not in r.stdout, "the wgmma pipeline is serialised:\n" + \

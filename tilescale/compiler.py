@@ -465,14 +465,33 @@ def _build_library(func, spec: BackendSpec, tgt, cfg: dict, flags: list, verbose
         g.assign_compile_flags(flags)
         g.update_lib_code(w.wrap(art.kernel_source))
         with _explain_build_errors(_func_name(func), spec), bounded_nvcc(f"kernel '{_func_name(func)}'"):
+            made: set[str] = set()
             try:
                 g.compile_lib()
                 shutil.copyfile(g.libpath, out)
+            except RuntimeError as e:
+                made |= _failed_compile_files(str(e))
+                raise
             finally:
-                for f in {x for x in (g.srcpath, g.libpath) if x}:
+                for f in {x for x in (g.srcpath, g.libpath, *made) if x}:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f)
     return art.kernel_source, g.lib_code
+
+
+def _failed_compile_files(msg: str) -> set[str]:
+    """The temporaries of a failed ``LibraryGenerator.compile_lib``: it records its source and library paths
+    only after a successful nvcc run, but its error ("Compilation Failed! [command]") names both. Only files
+    named tmp* directly in the temporary directory (where tilelang creates them) are returned."""
+    import os
+    import tempfile
+
+    first = msg.split("\n", 1)[0]
+    if not first.startswith("Compilation Failed!"):
+        return set()
+    tmp = os.path.realpath(tempfile.gettempdir())
+    return {f for f in re.findall(r"'([^']+\.(?:cu|so))'", first)
+            if os.path.dirname(os.path.realpath(f)) == tmp and os.path.basename(f).startswith("tmp")}
 
 
 def lower_source(func: PrimFunc, target=None, build_mode: str = "inlined") -> str:

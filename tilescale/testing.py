@@ -49,6 +49,13 @@ def example_main(run: Callable, build: Callable[[int], None]) -> None:
     tilescale.finalize()
 
 
+def say(text: str) -> None:
+    """Print one line in a single write: ranks share the launcher's stdout, and print() may write a message
+    and its newline separately, so two ranks' lines could run together."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (text + "\n").encode())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -88,7 +95,12 @@ def shared_gpus(nranks: int) -> bool:
 def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, env: dict | None = None
            ) -> subprocess.CompletedProcess:
     """Run `script` on `nranks` ranks through launch.sh (bounded by `timeout`); never raises on failure.
-    With fewer GPUs than ranks the ranks share GPUs (``TILESCALE_RANKS_PER_GPU``), unless `env` says otherwise."""
+    With fewer GPUs than ranks the ranks share GPUs (``TILESCALE_RANKS_PER_GPU``), unless `env` says otherwise.
+    With ``TILESCALE_TEST_LOG_DIR`` set, the whole output, each line stamped with the seconds since the start,
+    is also written there (one file per job, complete even when the test is stopped): the GPU tier's record."""
+    import threading
+    import time
+
     e = dict(os.environ)
     e.update({"GPUS": str(nranks), "PORT": str(free_port()), "TILESCALE_SKIP_DOCTOR": "1"})
     e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
@@ -97,20 +109,55 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     if env:
         e.update(env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]
+    log = _job_log(script, nranks)
+    t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                             start_new_session=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for ln in proc.stdout:
+            lines.append(ln)
+            if log is not None:
+                log.write(f"[{time.monotonic() - t0:7.1f}s] {ln}")
+                log.flush()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out)
-    except subprocess.TimeoutExpired:
-        # launch.sh, torchrun (launch.sh gives it a process group of its own) and every rank share the
-        # session started here: end all of it, and nothing else.
-        with contextlib.suppress(FileNotFoundError):
-            subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return subprocess.CompletedProcess(cmd, 124, (out or "") + f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n")
+        try:
+            proc.wait(timeout=timeout)
+            reader.join(30)
+            rc, tail = proc.returncode, ""
+        except subprocess.TimeoutExpired:
+            # launch.sh, torchrun (launch.sh gives it a process group of its own) and every rank share the
+            # session started here: end all of it, and nothing else.
+            with contextlib.suppress(FileNotFoundError):
+                subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            reader.join(30)
+            rc, tail = 124, f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n"
+    finally:
+        if log is not None:
+            log.write(f"[{time.monotonic() - t0:7.1f}s] [tilescale.testing] exit {proc.returncode}\n")
+            log.close()
+    return subprocess.CompletedProcess(cmd, rc, "".join(lines) + tail)
+
+
+def _job_log(script, nranks: int):
+    """An open file under TILESCALE_TEST_LOG_DIR for one job's output, named after the test, or None."""
+    d = os.environ.get("TILESCALE_TEST_LOG_DIR")
+    if not d:
+        return None
+    import re
+    import time
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].rpartition("::")[2] or Path(script).stem
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{time.strftime('%H%M%S')}-{test}-{nranks}r")[:120]
+    Path(d).mkdir(parents=True, exist_ok=True)
+    return open(Path(d) / f"{name}.log", "w")
 
 
 def assert_all_ranks_ok(proc: subprocess.CompletedProcess, nranks: int, marker: str = "OK") -> None:

@@ -8,5 +8,7 @@ tilescale::barrier_all<1>();
 tilescale::barrier_all<0>();
 tilescale::sync_all<2>();
 tilescale::sync_all<1>();
+cooperative_groups::this_grid().sync();
 tilescale::barrier_all_first_block();
+cooperative_groups::this_grid().sync();
 }

@@ -28,7 +28,7 @@ def expect(rank, case, exc_type, fn, *needles):
         missing = [n for n in needles if n not in msg]
         if missing:
             raise AssertionError(f"[rank {rank}] {case}: message lacks {missing}: {msg}") from e
-        print(f"[rank {rank}] OK: {case}: {type(e).__name__}: {msg.splitlines()[0][:160]}", flush=True)
+        testing.say(f"[rank {rank}] OK: {case}: {type(e).__name__}: {msg.splitlines()[0][:160]}")
         return
     raise AssertionError(f"[rank {rank}] {case}: no {getattr(exc_type, '__name__', exc_type)} raised")
 
@@ -164,7 +164,7 @@ def good_calls(r, W, ag, agg, ar, x, a, b):
     a_full = torch.cat([shard_a(p, a.device) for p in range(W)])
     want = (a_full.float() @ b.float()).to(a.dtype)
     testing.check_close("AGGemm after the matrix", agg(a, b), want, r, atol=0.5, rtol=0.05)
-    print(f"[rank {r}] OK: good calls after the matrix", flush=True)
+    testing.say(f"[rank {r}] OK: good calls after the matrix")
 
 
 def run(info):
@@ -215,7 +215,7 @@ def run(info):
     k(src, x)  # a good call still works after all of the above
     good_calls(r, W, *built)
     tilescale.synchronize()
-    print(f"[rank {r}] OK: bad-input matrix, {len(CASES)} cases", flush=True)
+    testing.say(f"[rank {r}] OK: bad-input matrix, {len(CASES)} cases")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Injected hang: rank 0 waits for a signal nobody sets. With TILESCALE_WAIT_TIMEOUT_S the wait gives up,
-rank 0 reports rank/block/signal/expected/observed and raises WaitTimeoutError; the other ranks are
-stopped by their watchdogs with a message naming rank 0. Run by tests/test_gpu_runtime.py."""
+rank 0 reports rank/block/signal/expected/observed and raises WaitTimeoutError; the other ranks, idle on
+the host, are stopped by their watchdogs with a message naming rank 0. Run by tests/test_gpu_runtime.py."""
 import tilescale
 import tilescale.language as T
 from tilescale import testing
@@ -32,7 +32,11 @@ def run(info):
             time.sleep(5)  # let the watchdogs of the other ranks see it
             raise SystemExit(3)
     else:
-        tilescale.barrier()  # waits for rank 0 forever: its watchdog must stop it
+        # Wait on the host, not in a device barrier (that is bounded too and would time out on its own, before
+        # rank 0's wait does): only the watchdog, told by rank 0, can end this.
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
         torch.cuda.synchronize()
     print(f"[rank {info.rank}] UNEXPECTED: no timeout", flush=True)
 

@@ -8,7 +8,8 @@
 # (PYTEST_K=expr narrows the tests.) With fewer GPUs than ranks the multi-rank tests run with ranks sharing
 # GPUs (TILESCALE_RANKS_PER_GPU; gloo / recomputed references instead of NCCL): correctness only.
 # The parts of `tests` run side by side (PARALLEL=0: one after the other), each bounded by PART_TIMEOUT
-# seconds (default 480); the kernel cache is shared, so each kernel compiles once per run.
+# seconds (default 480); the kernel cache is shared, and tests/gpu/prebuild_tier.py compiles the multi-rank
+# tests' kernels once, side by side, before the parts start.
 # Every step is bounded by `timeout`; logs and JSON go to OUTDIR; a short summary is printed last.
 set -u
 OUTD=${1:?usage: run_gpu_tier.sh OUTDIR tests|ranks1,ranks2,ranks4|bench...}
@@ -18,6 +19,8 @@ NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 export TILESCALE_WAIT_TIMEOUT_S=${TILESCALE_WAIT_TIMEOUT_S:-30}
 export TILESCALE_SKIP_DOCTOR=${TILESCALE_SKIP_DOCTOR:-1}  # the doctor runs once, above the steps
 PART_TIMEOUT=${PART_TIMEOUT:-480}
+# every job a test launches leaves its whole output, each line stamped with its time, in OUTDIR/jobs
+export TILESCALE_TEST_LOG_DIR=${TILESCALE_TEST_LOG_DIR:-$OUTD/jobs}
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $NG; commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 python3 -m tilescale doctor --gpus "$NG" 2>&1 | tail -20
 summary=()
@@ -52,6 +55,12 @@ for what in ${WHAT//,/ }; do
       # each. Ranks share the GPU(s): a smaller symmetric heap per rank keeps them all in memory.
       export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
       parts=$what; [ "$what" = tests ] && parts="ranks1 ranks2 ranks4"
+      # The kernels of the multi-rank tests, compiled once for their world sizes before the parts start
+      # (PREBUILD=0: each test compiles its own on first use); a failure here only makes the parts slower.
+      sizes=$(for p in $parts; do [ "$p" != ranks1 ] && echo "${p#ranks}"; done)
+      if [ "${PREBUILD:-1}" = 1 ] && [ -n "$sizes" ]; then
+        step prebuild "${PREBUILD_TIMEOUT:-300}" python3 tests/gpu/prebuild_tier.py $sizes
+      fi
       pids=(); names=()
       for part in $parts; do
         k=${SHARDS:-3}; [ "$part" = ranks1 ] && k=1

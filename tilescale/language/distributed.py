@@ -548,9 +548,9 @@ def barrier_all(*, scope="block"):
     then launched cooperatively so all its blocks are co-resident, or the launch fails with an error)."""
     _pick("barrier_all", "scope", scope, _BARRIER_SCOPES)
     if scope == "grid":
-        T.sync_grid()
+        T.evaluate(T.sync_grid())   # (a bare call inside a helper builds an expression and drops it)
         T.evaluate(T.call_extern("handle", "tilescale::barrier_all_first_block"))
-        T.sync_grid()
+        T.evaluate(T.sync_grid())   # (a bare call inside a helper builds an expression and drops it)
     else:
         T.evaluate(T.call_extern("handle", _BARRIER_SCOPES[scope]))
 
@@ -559,9 +559,9 @@ def sync_all(*, scope="block"):
     """Like :func:`barrier_all` without completing outstanding puts (synchronisation only)."""
     _pick("sync_all", "scope", scope, _SYNC_SCOPES)
     if scope == "grid":
-        T.sync_grid()
+        T.evaluate(T.sync_grid())   # (a bare call inside a helper builds an expression and drops it)
         T.evaluate(T.call_extern("handle", "tilescale::barrier_all_first_block"))  # a barrier is a sync
-        T.sync_grid()
+        T.evaluate(T.sync_grid())   # (a bare call inside a helper builds an expression and drops it)
     else:
         T.evaluate(T.call_extern("handle", _SYNC_SCOPES[scope]))
 
