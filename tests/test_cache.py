@@ -139,8 +139,11 @@ def test_wait_timeout_and_build_mode_are_part_of_the_key(cold, tmp_path):
 
 
 def test_four_processes_compile_one_kernel_at_once(cold):
-    tmp_path, _, results = cold
+    tmp_path, envs, results = cold
     assert all(r["source_ok"] and r["mode"] == "inlined" for r in results)
+    # they took turns (tilescale.compile's lock): one ran nvcc, the other three loaded its cache entry
+    compiled = [e["TMPDIR"] for e in envs if _cu_files(e)]
+    assert len(compiled) == 1, f"nvcc ran in {len(compiled)} of the 4 processes: {compiled}"
     entries = _kernel_entries(tmp_path)
     assert len(entries) == 1, f"expected one cache entry, found {[e.name for e in entries]}"
     assert (entries[0] / "kernel_lib.so").is_file()

@@ -301,17 +301,51 @@ def compile(func: PrimFunc = None, out_idx=None, execution_backend=None, target=
                 check_no_whitespace([f"-L{stub}"])
                 compile_flags = ([compile_flags] if isinstance(compile_flags, str) else list(compile_flags or [])) + \
                     [f"-L{stub}"]
-        return _tl_compile(func, out_idx=out_idx, execution_backend=execution_backend, target=target,
-                           target_host=target_host, verbose=verbose, pass_configs=tl_pc, compile_flags=compile_flags)
+        with _one_compile_at_a_time(func, target, execution_backend, compile_flags, tl_pc, out_idx):
+            return _tl_compile(func, out_idx=out_idx, execution_backend=execution_backend, target=target,
+                               target_host=target_host, verbose=verbose, pass_configs=tl_pc,
+                               compile_flags=compile_flags)
     from .toolchain import bounded_nvcc
 
     flags = _prepare_distributed(func, spec, compile_flags, wait_timeout_s)
-    with codegen.distributed_build(spec.build_mode), _explain_build_errors(_func_name(func), spec), \
+    with _one_compile_at_a_time(func, target, "cython", flags, tl_pc, out_idx), \
+            codegen.distributed_build(spec.build_mode), _explain_build_errors(_func_name(func), spec), \
             bounded_nvcc(f"distributed kernel '{_func_name(func)}'"):
         k = _tl_compile(func, out_idx=out_idx, execution_backend="cython", target=target, target_host=target_host,
                         verbose=verbose, pass_configs=tl_pc, compile_flags=flags)
     check = settings.check_symmetric if check_symmetric is None else check_symmetric
     return DistributedKernel(k, spec, _func_name(func), param_names(func), symmetric_params(func), world_size, check)
+
+
+@contextlib.contextmanager
+def _one_compile_at_a_time(func, target, backend, flags, pass_configs, out_idx):
+    """Processes that compile the same kernel at the same time (every rank of a job at its first call, the
+    jobs of a test run) take turns: the first one compiles it into tilelang's kernel cache, the others then
+    find it there instead of each running nvcc on the same source. Only with tilelang's disk cache on
+    (without it every process compiles its own, side by side)."""
+    import hashlib
+    import json
+
+    try:
+        from tilelang import env as tl_env
+
+        cached = tl_env.is_cache_enabled()
+    except Exception:  # noqa: BLE001
+        cached = False
+    if not cached:
+        yield
+        return
+    import tilelang
+
+    from .toolchain import file_lock
+
+    data = {"func": hashlib.sha256(func.script(show_meta=True).encode()).hexdigest(), "target": str(target),
+            "backend": str(backend), "flags": flags if isinstance(flags, str) else list(flags or []),
+            "pass_configs": pass_configs or {}, "out_idx": out_idx, "tilelang": tilelang.__version__}
+    key = hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+    wait = settings.nvcc_timeout_s + 600.0 if settings.nvcc_timeout_s > 0 else 7 * 24 * 3600.0
+    with file_lock(settings.cache_dir / "compiling" / f"{key}.lock", timeout_s=wait):
+        yield
 
 
 _NVCC_ERROR = re.compile(r"\(\d+\): (error|catastrophic error)|fatal error|undefined reference|"
