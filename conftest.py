@@ -101,6 +101,20 @@ def pytest_runtest_logreport(report):
         _outcomes["passed"] += 1
     elif report.skipped:
         _outcomes["skipped"] += 1
+    if report.failed:
+        _keep_failure(report)
+
+
+def _keep_failure(report) -> None:
+    """With TILESCALE_TEST_LOG_DIR (the GPU tier), each failure's report is written there at once, to
+    failures.log: a part stopped at its time limit prints no summary, and its failures would be lost."""
+    d = os.environ.get("TILESCALE_TEST_LOG_DIR")
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "failures.log"), "a") as f:
+        f.write(f"===== {time.strftime('%H:%M:%S')} FAILED {report.nodeid} ({report.when}, {report.duration:.1f} s)\n"
+                f"{report.longreprtext}\n")
 
 
 def _all_skipped_message() -> str:

@@ -89,6 +89,7 @@ class Job:
             e["TILESCALE_RANKS_PER_GPU"] = str(testing.ranks_per_gpu_for(gpus))
         e.update(env or {})
         self.t0 = time.monotonic()
+        self._log = testing.job_log(script, gpus)   # the GPU tier's record of every job (TILESCALE_TEST_LOG_DIR)
         self.proc = subprocess.Popen(["bash", str(LAUNCH_SH), str(script), *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=e, start_new_session=True)
         self.sid = self.proc.pid
@@ -102,6 +103,12 @@ class Job:
             with self._cv:
                 self._lines.append(line)
                 self._cv.notify_all()
+            if self._log is not None:
+                self._log.write(f"[{time.monotonic() - self.t0:7.1f}s] {line}")
+                self._log.flush()
+        if self._log is not None:
+            self._log.write(f"[{time.monotonic() - self.t0:7.1f}s] [jobs] output ended (exit {self.proc.wait()})\n")
+            self._log.close()
         with self._cv:
             self._cv.notify_all()
 

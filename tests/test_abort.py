@@ -79,6 +79,50 @@ def test_the_first_failure_is_the_one_reported():
     assert a.watchdog.reported and b.watchdog.reported       # neither watchdog reports a second time
 
 
+def test_a_wait_that_gave_up_gives_its_rank_time_to_report_before_the_others_stop(monkeypatch, capsys):
+    """A wait record published by rank 1's watchdog: rank 0 says it stops, then waits STOP_GRACE_S (rank 1
+    raises WaitTimeoutError and reports it meanwhile) before it exits; an error (traceback already printed)
+    stops it after half a second."""
+    slept, calls = [], []
+    monkeypatch.setattr(diagnostics.os, "_exit", lambda code: calls.append(code))
+    monkeypatch.setattr(diagnostics.time, "sleep", slept.append)
+    diagnostics.failing.clear()
+    for value, grace in ((f"1|wait|rank 1, block 0, thread 0: T.wait_until at x.py:3 gave up", diagnostics.STOP_GRACE_S),
+                         ("1|RuntimeError: boom", 0.5)):
+        store = FakeStore()
+        store.set(diagnostics.STORE_KEY, value)
+        dog = start_dog(fake_rt(0), store)
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.perf_counter()
+        dog.stop.set()
+        dog.join(5)
+        assert calls == [1] and slept[-1] == grace, (value, calls, slept)
+        calls.clear()
+    assert diagnostics.STOP_GRACE_S >= 3
+    err = capsys.readouterr().err
+    assert "rank 0 stops: rank 1 failed: rank 1, block 0, thread 0: T.wait_until at x.py:3 gave up" in err, err
+    assert "wait|" not in err
+
+
+def test_a_wait_record_is_published_with_its_kind_once(monkeypatch):
+    import struct
+
+    store = FakeStore()
+    rt = fake_rt(1)
+    raw = struct.pack(diagnostics._FMT, 1, 1, 0, 0, 0, 0, 64, 0, 0, 0x10, 5, 4, int(3e9))
+    rt.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    dog = start_dog(rt, store)
+    deadline = time.monotonic() + 10
+    while not store.check([diagnostics.STORE_KEY]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dog.stop.set()
+    dog.join(5)
+    who, msg, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    assert (who, wait) == (1, True) and msg.startswith("rank 1, block 0, thread 0:") and "gave up" in msg
+    assert diagnostics.parse_failure("1|ValueError: a|b") == (1, "ValueError: a|b", False)
+
+
 def test_a_rank_reporting_its_own_error_is_not_stopped_first(exits):
     store = FakeStore()
     store.set(diagnostics.STORE_KEY, "1|RuntimeError: boom")

@@ -119,3 +119,16 @@ def test_shard_option_splits_gpu_tests(tmp_path):
     assert sorted(seen) == sorted(["test_one", "test_fixed_two", "test_sized[2]", "test_sized[4]"])
     r = _pytest(tmp_path, RANKED, "--co", "--shard", "3/2")
     assert r.returncode != 0 and "expected I/K" in r.stdout, r.stdout
+
+
+def test_failures_are_kept_at_once_in_the_test_log_dir(tmp_path, monkeypatch):
+    """TILESCALE_TEST_LOG_DIR (the GPU tier): each failure's report goes to failures.log when it happens, so a
+    part stopped at its time limit (no summary printed) still leaves what failed and why."""
+    logs = tmp_path / "logs"
+    sample = "def test_ok():\n    pass\n\ndef test_broken():\n    assert 1 + 1 == 3, 'arithmetic is off'\n"
+    monkeypatch.setenv("TILESCALE_TEST_LOG_DIR", str(logs))
+    r = _pytest(tmp_path, sample)
+    assert r.returncode == 1, r.stdout
+    text = (logs / "failures.log").read_text()
+    assert "FAILED test_sample.py::test_broken (call," in text and "arithmetic is off" in text, text
+    assert "test_ok" not in text

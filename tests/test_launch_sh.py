@@ -148,9 +148,11 @@ def test_ctrl_c_ends_every_process(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode,expect_rc", [("exit", 0), ("fail", None)])
-def test_job_end_leaves_no_process_behind(tmp_path, mode, expect_rc):
+def test_job_end_leaves_no_process_behind(tmp_path, mode, expect_rc, monkeypatch):
     """Every rank exits (0), or one fails (the job's exit code is non-zero, the other rank is stopped):
-    launch.sh returns and nothing the job started is left running, the ranks' own children included."""
+    launch.sh returns and nothing the job started is left running, the ranks' own children included. With
+    TILESCALE_TEST_LOG_DIR (the GPU tier), the job's whole output is kept there, stamped, with its exit code."""
+    monkeypatch.setenv("TILESCALE_TEST_LOG_DIR", str(tmp_path / "logs"))
     job, started = _torchrun_job(tmp_path, mode)
     rc = job.wait(timeout=90)
     _assert_all_ended(job, started)
@@ -159,6 +161,11 @@ def test_job_end_leaves_no_process_behind(tmp_path, mode, expect_rc):
         assert rc == expect_rc, f"exit code {rc}\n{job.output[-3000:]}"
     else:
         assert rc != 0, job.output[-3000:]
+    (log,) = (tmp_path / "logs").glob("*.log")
+    text = log.read_text()
+    assert "test_job_end_leaves_no_process_behind" in log.name and log.name.endswith("-2r.log"), log.name
+    assert re.search(r"^\[\s*\d+\.\ds\] ", text, re.M) and len(re.findall(r"\[rank \d\] RUNNING", text)) == 2, text
+    assert text.rstrip().endswith(f"[jobs] output ended (exit {rc})"), text[-500:]
 
 
 def test_sighup_ends_every_process(tmp_path):

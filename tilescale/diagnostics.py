@@ -8,7 +8,9 @@ the kernel (trap). Then:
 1. a watchdog thread of that rank sees the record, prints it (rank, block, thread, the kernel line of
    the wait, signal address, expected and observed values) and publishes it in the job's store;
 2. the watchdogs of the other ranks see it there and stop their process with a message naming the
-   rank that failed, instead of waiting for it forever;
+   rank that failed, instead of waiting for it forever; they give that rank ``STOP_GRACE_S`` first to
+   raise and report its error itself (step 3), so that a launcher which reports the first process to
+   exit (torchrun) names the rank that failed, and its traceback is not cut off by the others' exits;
 3. on the failing rank, :func:`synchronize` (and ``tilescale.barrier``) raise
    :class:`tilescale.errors.WaitTimeoutError` with the same message; the CUDA context is unusable after
    a trap, so the process should exit.
@@ -29,7 +31,8 @@ _CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
 # Set while this rank reports an error of its own (runtime's excepthook): its watchdog then leaves it be.
 failing = threading.Event()
 _FMT = "<Q8iQQQQ"
-STORE_KEY = "tilescale/failed"
+STORE_KEY = "tilescale/failed"   # "<rank>|<error>" for an error, "<rank>|wait|<record>" for a wait that gave up
+STOP_GRACE_S = 5.0               # a rank told of a wait that gave up elsewhere waits this long before it stops
 
 
 def read_record(rt) -> dict | None:
@@ -93,6 +96,13 @@ def publish_failure(rt, what: str) -> None:
         pass
 
 
+def parse_failure(value: str) -> tuple[int, str, bool]:
+    """(rank, message, whether it is a wait that gave up) of a failure published under STORE_KEY."""
+    who, _, rest = value.partition("|")
+    wait = rest.startswith("wait|")
+    return int(who), rest[len("wait|"):] if wait else rest, wait
+
+
 class Watchdog(threading.Thread):
     """Polls this rank's record and the job's store; reports and stops as the module docstring says."""
 
@@ -119,18 +129,21 @@ class Watchdog(threading.Thread):
                 print(f"tilescale: rank {me}: {msg}", file=sys.stderr, flush=True)
                 if self.store is not None:
                     try:
-                        self.store.set(STORE_KEY, f"{me}|{msg}")
+                        if not self.store.check([STORE_KEY]):   # the first failure is the one reported
+                            self.store.set(STORE_KEY, f"{me}|wait|{msg}")
                     except Exception:  # noqa: BLE001
                         pass
                 continue
             if self.store is not None and not self.reported:
                 try:
                     if self.store.check([STORE_KEY]) and not failing.is_set():
-                        who, _, msg = self.store.get(STORE_KEY).decode().partition("|")
-                        if int(who) != me:
+                        who, msg, wait = parse_failure(self.store.get(STORE_KEY).decode())
+                        if who != me:
                             err = RemoteRankError(f"rank {who} failed: {msg}")
                             print(f"tilescale: rank {me} stops: {err}", file=sys.stderr, flush=True)
-                            time.sleep(0.5)
+                            # A wait that gave up: that rank raises WaitTimeoutError next, on the host; an
+                            # error: its traceback was printed before it was published (runtime's excepthook).
+                            time.sleep(STOP_GRACE_S if wait else 0.5)
                             os._exit(1)
                 except Exception:  # noqa: BLE001  (store gone: job is ending)
                     pass

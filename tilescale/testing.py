@@ -109,7 +109,7 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     if env:
         e.update(env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]
-    log = _job_log(script, nranks)
+    log = job_log(script, nranks)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                             start_new_session=True)
@@ -146,8 +146,9 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     return subprocess.CompletedProcess(cmd, rc, "".join(lines) + tail)
 
 
-def _job_log(script, nranks: int):
-    """An open file under TILESCALE_TEST_LOG_DIR for one job's output, named after the test, or None."""
+def job_log(script, nranks: int):
+    """An open file under TILESCALE_TEST_LOG_DIR for one job's output, named after the running test, or None
+    when the variable is unset. Write each line stamped with the seconds since the job started."""
     d = os.environ.get("TILESCALE_TEST_LOG_DIR")
     if not d:
         return None

@@ -1,12 +1,17 @@
-"""Compile, once and side by side, the kernels the GPU tier's multi-rank tests launch, for each world size:
-run by run_gpu_tier.sh before its parts, so the tests load them from tilelang's kernel cache instead of each
-job compiling its own (and every part compiling tilescale's barrier module) on first use.
+"""Compile, once and side by side, the kernels the GPU tier's tests launch, for each world size: run by
+run_gpu_tier.sh before a part's tests, so the jobs load them from tilelang's kernel cache instead of
+compiling them while the GPU and the CPUs are shared with the other tests.
 
-    python tests/gpu/prebuild_tier.py 2 4
+    python tests/gpu/prebuild_tier.py 2 4        # the multi-rank tests of world sizes 2 and 4
+    python tests/gpu/prebuild_tier.py 1          # the one-GPU tests
 
-The lists below name each test's kernels with the shapes it uses; a kernel left out is still compiled by the
-test itself, only later. Needs a GPU (tilelang's load step), not the distributed runtime."""
+The lists below name each test's kernels with the arguments it uses, and the device-wait bound its job runs
+with (it is part of a distributed kernel's cache key: the fault tests run with 0, 3 or 5 s, the rest with the
+tier's 30 s). A kernel left out, or listed with other arguments, is still compiled by its test, only later
+(and once per job: the ranks of a job take turns, tilescale.compile). Needs a GPU (tilelang's load step)."""
+import concurrent.futures as cf
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,19 +21,21 @@ EXAMPLES = ROOT / "examples" / "distributed"
 for d in (EXAMPLES, EXAMPLES / "primitives", ROOT / "tests" / "gpu", ROOT / "benchmarks"):
     sys.path.insert(0, str(d))
 
+TIER_TIMEOUT_S = float(os.environ.get("TILESCALE_WAIT_TIMEOUT_S", "30"))   # what the tier's jobs run with
 
-def jobs_for(world_size: int) -> list:
+
+def jit_jobs(world_size: int) -> list:
+    """(jit function, args) of the multi-rank tests that run with the tier's wait bound."""
     from tilescale import runtime
     from tilescale.ops import prebuild
     from tilescale.ops.allgather import allgather_kernel, default_blocks_per_peer
 
     jobs = [(runtime.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
     for name in ("example_allreduce", "example_all_to_all", "example_broadcast", "example_reduce_scatter",
-                 "example_put_get", "example_signal_wait", "example_ld_st_atomic", "example_sync",
-                 "example_remote_view"):
+                 "example_put_get", "example_ld_st_atomic", "example_sync", "example_remote_view"):
         jobs += importlib.import_module(name).jobs(world_size)
-    quickstart = importlib.import_module("example_quickstart")
-    jobs.append((quickstart.ring, (1024, world_size)))
+    jobs += importlib.import_module("example_signal_wait").jobs(world_size, shared_gpu=shared(world_size))
+    jobs.append((importlib.import_module("example_quickstart").ring, (1024, world_size)))
     for dt in ("bfloat16", "float16"):                                   # example_allgather: 512 x 384 rows
         for bpp in sorted({default_blocks_per_peer(512 * 384 * 2, world_size), 2, 8}):
             jobs.append((allgather_kernel, (world_size, bpp, dt)))
@@ -39,7 +46,37 @@ def jobs_for(world_size: int) -> list:
     jobs += importlib.import_module("gemm_configs_main").jobs(world_size)
     soak = importlib.import_module("soak_collectives")                  # tests/test_soak.py's arguments
     jobs += soak.jobs(world_size, sms(), soak.parser().parse_args(["--iters", "600", "--random-calls", "60"]))
+    bad = importlib.import_module("bad_input_main")                       # its kernels of its own
+    jobs += [(bad.put_kernel, (1024, world_size)), (bad.put_kernel, (1024, world_size + 1))]
+    jobs.append((importlib.import_module("teardown_main").ring_kernel, (1 << 16, world_size)))   # normal, loop ...
+    if world_size == 2:                                                   # tests/test_profiler.py: 2 ranks only
+        prof, stamp = importlib.import_module("profile_ag_gemm")._jobs(2048, 1024, 1024, world_size)
+        jobs += prof + [(stamp, ())]
     return prebuild.unique(jobs)
+
+
+def other_bound_jobs(world_size: int) -> list:
+    """(jit function, args, wait bound) of the tests that run with another bound (tests/test_gpu_runtime.py,
+    tests/test_gpu_teardown.py)."""
+    from tilescale import runtime
+
+    barrier, ring = runtime.barrier_jit(), importlib.import_module("teardown_main").ring_kernel
+    hang = importlib.import_module("hang_main").never_signalled
+    jobs = [(barrier, (world_size,), 3.0), (hang, (world_size,), 3.0)]   # the injected hang
+    for bound in (0.0, 5.0):                                              # raise_one*, never_barrier, caught_exit, kill9
+        jobs += [(barrier, (world_size,), bound), (ring, (1 << 16, world_size), bound)]
+    return jobs
+
+
+def one_gpu_jobs() -> list:
+    lazy = importlib.import_module("lazy_main")
+    return [(lazy.consumer_kernel, (4096,)), (lazy.producer_kernel, (4096,))]
+
+
+def shared(world_size: int) -> bool:
+    from tilescale import testing
+
+    return testing.shared_gpus(world_size)
 
 
 def sms() -> int:
@@ -48,13 +85,49 @@ def sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
-def main(sizes: list[int]) -> int:
-    from tilescale.ops import prebuild
+def _compile(fn, pf, args, bound: float):
+    """What ``fn(*args)`` compiles in a job whose TILESCALE_WAIT_TIMEOUT_S is `bound` (the bound is in the key)."""
+    import tilescale
 
+    return tilescale.compile(pf, out_idx=fn.out_idx, execution_backend=fn.execution_backend, target=fn.target,
+                             target_host=fn.target_host, pass_configs=fn.pass_configs,
+                             compile_flags=fn.compile_flags, build_mode=fn.build_mode,
+                             wait_timeout_s=fn.wait_timeout_s if fn.wait_timeout_s is not None else bound)
+
+
+def all_jobs(sizes: list[int]) -> list:
+    """Every (label, zero-argument compile) for these world sizes; elaborated here, in this thread."""
+    import tilescale
+    from example_ring_put import ring_put_kernel
+
+    work = []
+    for ws in sizes:
+        listed = [(fn, args, TIER_TIMEOUT_S) for fn, args in (one_gpu_jobs() if ws == 1 else jit_jobs(ws))]
+        listed += [] if ws == 1 else other_bound_jobs(ws)
+        for fn, args, bound in listed:
+            pf = fn.get_tir(*args)
+            work.append((f"{getattr(fn, 'func', fn).__name__}{args} bound {bound:g} s",
+                         lambda fn=fn, pf=pf, args=args, bound=bound: _compile(fn, pf, args, bound)))
+        if ws > 1:                                                       # example_ring_put: both build modes
+            pf = ring_put_kernel.get_tir(64, 256, ws)
+            for mode in ("inlined", "rdc"):
+                work.append((f"ring_put({ws}) {mode}",
+                             lambda pf=pf, mode=mode, ws=ws: tilescale.compile(pf, build_mode=mode, world_size=ws)))
+    return work
+
+
+def main(sizes: list[int]) -> int:
     t0 = time.time()
-    jobs = [j for ws in sizes for j in jobs_for(ws)]
-    prebuild.compile_all(jobs, workers=16)
-    print(f"prebuild_tier: {len(jobs)} kernels for world sizes {sizes} in {time.time() - t0:.0f} s", flush=True)
+    work = all_jobs(sizes)
+    failed = 0
+    with cf.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as ex:
+        futures = {ex.submit(fn): label for label, fn in work}
+        for f in cf.as_completed(futures):
+            if f.exception() is not None:      # its test compiles it again and reports the error
+                failed += 1
+                print(f"prebuild_tier: {futures[f]}: {type(f.exception()).__name__}: {f.exception()}", flush=True)
+    print(f"prebuild_tier: {len(work) - failed} of {len(work)} kernels for world sizes {sizes} in "
+          f"{time.time() - t0:.0f} s", flush=True)
     return 0
 
 

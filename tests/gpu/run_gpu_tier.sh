@@ -2,6 +2,8 @@
 # The GPU tier in one go, on a machine with 1-4 GPUs (the project's GPU machine):
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR tests                # every gpu / multigpu test, in three parts
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks1,ranks2,ranks4 # the same parts, named: one-GPU tests, 2 ranks, 4 ranks
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks4@1/2          # half 1 of world size 4's tests (a part that fits one
+#                                                             # GPU command of 10 minutes; ranks4@2/2 the rest)
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
 #   ... collectives,profile,soak,soak_all,gemm_configs (SOAK_ITERS=N shortens the soaks; soak_all: every op on
 #   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer)
@@ -33,9 +35,8 @@ step() {  # step NAME SECONDS CMD...
   echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
   grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
 }
-tier_part() {  # tier_part ranksN [I K]: the gpu / multigpu tests of world size N (shard I of K), in a pytest of its own
-  local part=$1 n=${1#ranks} i=${2:-1} k=${3:-1} t0=$SECONDS rc
-  local name=$part; [ "$k" -gt 1 ] && name="$part.$i"
+tier_part() {  # tier_part N I K NAME: the gpu / multigpu tests of world size N (shard I of K), in a pytest of its own
+  local n=$1 i=$2 k=$3 name=$4 t0=$SECONDS rc
   local marker="multigpu"; [ "$n" = 1 ] && marker="gpu"
   timeout -k 10 "$PART_TIMEOUT" python3 -m pytest -m "$marker" --ranks "$n" --shard "$i/$k" -v -rs \
     --timeout $((PART_TIMEOUT - 20)) -p no:cacheprovider --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} tests examples \
@@ -50,23 +51,30 @@ tier_part() {  # tier_part ranksN [I K]: the gpu / multigpu tests of world size 
 }
 for what in ${WHAT//,/ }; do
   case $what in
-    tests|ranks1|ranks2|ranks4)
+    tests|ranks[124]|ranks[124]@[0-9]*/[0-9]*)
       # The parts run side by side (PARALLEL=0: one after the other); world sizes 2 and 4 in SHARDS shards
-      # each. Ranks share the GPU(s): a smaller symmetric heap per rank keeps them all in memory.
+      # each (ranksN@h/H: the h-th of H halves of them, each in SHARDS shards). Ranks share the GPU(s): a
+      # smaller symmetric heap per rank keeps them all in memory.
       export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-1G}
       parts=$what; [ "$what" = tests ] && parts="ranks1 ranks2 ranks4"
-      # The kernels of the multi-rank tests, compiled once for their world sizes before the parts start
-      # (PREBUILD=0: each test compiles its own on first use); a failure here only makes the parts slower.
-      sizes=$(for p in $parts; do [ "$p" != ranks1 ] && echo "${p#ranks}"; done)
-      if [ "${PREBUILD:-1}" = 1 ] && [ -n "$sizes" ]; then
+      # The kernels of the tests, compiled once for their world sizes before the parts start (PREBUILD=0:
+      # each test compiles its own on first use); a failure here only makes the parts slower.
+      sizes=$(for p in $parts; do p=${p%%@*}; echo "${p#ranks}"; done | sort -u)
+      if [ "${PREBUILD:-1}" = 1 ]; then
         step prebuild "${PREBUILD_TIMEOUT:-300}" python3 tests/gpu/prebuild_tier.py $sizes
       fi
       pids=(); names=()
       for part in $parts; do
-        k=${SHARDS:-3}; [ "$part" = ranks1 ] && k=1
-        for i in $(seq "$k"); do
-          names+=("$part$([ "$k" -gt 1 ] && echo ".$i")")
-          if [ "${PARALLEL:-1}" = 1 ]; then tier_part "$part" "$i" "$k" & pids+=($!); else tier_part "$part" "$i" "$k"; fi
+        n=${part%%@*}; n=${n#ranks}; h=1; H=1
+        if [ "$part" != "${part#*@}" ]; then hh=${part#*@}; h=${hh%/*}; H=${hh#*/}; fi
+        if ! [ "$h" -ge 1 ] 2>/dev/null || [ "$h" -gt "$H" ]; then echo "$part: expected ranksN@h/H with 1 <= h <= H" >&2; exit 2; fi
+        k=${SHARDS:-3}; [ "$n" = 1 ] && k=1
+        for s in $(seq "$k"); do
+          i=$(( h + H * (s - 1) ))    # shard i of H x k: this half's s-th
+          name="ranks$n$([ "$H" -gt 1 ] && echo "h$h")$([ "$k" -gt 1 ] && echo ".$s")"
+          names+=("$name")
+          if [ "${PARALLEL:-1}" = 1 ]; then tier_part "$n" "$i" $((H * k)) "$name" & pids+=($!)
+          else tier_part "$n" "$i" $((H * k)) "$name"; fi
         done
       done
       for p in "${pids[@]}"; do wait "$p"; done
