@@ -12,7 +12,8 @@
 #   TILESCALE_MPS=1         in shared-GPU mode, start the CUDA MPS daemon for the job (when none runs) so
 #                           the ranks' kernels run side by side, and stop it after
 #   PORT / MASTER_PORT      rendezvous port (default: a free one; required when NNODES > 1)
-#   NNODES, NODE_RANK, MASTER_ADDR   for several nodes (default 1, 0, 127.0.0.1)
+#   NNODES, NODE_RANK, MASTER_ADDR   for several nodes (default 1, 0, 127.0.0.1; MASTER_ADDR and PORT required
+#                           when NNODES > 1: docs/multinode.md)
 #   NVSHMEM_SYMMETRIC_SIZE  symmetric heap per rank (default 4G)
 #   TILESCALE_SKIP_DOCTOR=1 skip the pre-flight check
 #   PYTHON                  interpreter (default python3)
@@ -22,6 +23,7 @@ set -u
 GPUS=${GPUS:-4}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR_SET=${MASTER_ADDR:-}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 RPG=${TILESCALE_RANKS_PER_GPU:-1}
 PY=${PYTHON:-python3}
@@ -35,6 +37,15 @@ case "$NNODES" in ''|*[!0-9]*|0) echo "launch.sh: NNODES=$NNODES: expected a pos
 if [ -z "${PORT:-}" ] && [ -n "${MASTER_PORT:-}" ]; then PORT=$MASTER_PORT; fi
 if [ "$NNODES" -gt 1 ] && [ -z "${PORT:-}" ]; then
   echo "launch.sh: NNODES=$NNODES: set PORT (the same free port on every node, e.g. PORT=29500); each node would pick its own otherwise" >&2
+  exit 2
+fi
+case "$NODE_RANK" in ''|*[!0-9]*) echo "launch.sh: NODE_RANK=$NODE_RANK: expected an integer from 0 to NNODES-1" >&2; exit 2 ;; esac
+if [ "$NODE_RANK" -ge "$NNODES" ]; then
+  echo "launch.sh: NODE_RANK=$NODE_RANK with NNODES=$NNODES: expected 0 to $((NNODES - 1))" >&2
+  exit 2
+fi
+if [ "$NNODES" -gt 1 ] && [ -z "${MASTER_ADDR_SET:-}" ]; then
+  echo "launch.sh: NNODES=$NNODES: set MASTER_ADDR (the address of node 0, the same on every node); the default 127.0.0.1 would make every node wait for itself" >&2
   exit 2
 fi
 

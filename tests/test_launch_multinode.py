@@ -120,3 +120,24 @@ def test_several_nodes_without_a_port_are_refused(tmp_path):
     assert "torch.distributed.run" not in r.stdout + r.stderr, r.stdout    # nothing was started
     assert time.monotonic() - t0 < 30
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]     # and nothing was written
+
+
+@pytest.mark.parametrize("what,env,message", [
+    ("no MASTER_ADDR", dict(NNODES="2", NODE_RANK="1", PORT="29500"), "NNODES=2: set MASTER_ADDR"),
+    ("NODE_RANK too large", dict(NNODES="2", NODE_RANK="2", PORT="29500", MASTER_ADDR="10.0.0.1"),
+     "NODE_RANK=2 with NNODES=2: expected 0 to 1"),
+    ("NODE_RANK not a number", dict(NNODES="2", NODE_RANK="one", PORT="29500", MASTER_ADDR="10.0.0.1"),
+     "NODE_RANK=one: expected an integer"),
+])
+def test_several_nodes_need_an_address_and_a_node_rank_in_range(tmp_path, what, env, message):
+    """A node with no MASTER_ADDR would wait for a rendezvous on itself (127.0.0.1) until torchrun's timeout;
+    a NODE_RANK outside 0..NNODES-1 would never be joined: refused at once, naming the setting."""
+    py = tmp_path / "python"
+    py.write_text(FAKE_PYTHON.format(python=sys.executable))
+    py.chmod(0o755)
+    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT", "MASTER_ADDR", "NODE_RANK")}
+    e.update(env, GPUS="2", PYTHON=str(py), TMPDIR=str(tmp_path), TILESCALE_SKIP_DOCTOR="1")
+    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    assert r.returncode == 2, (what, r.stdout + r.stderr)
+    assert message in r.stderr, (what, r.stderr)
+    assert "torch.distributed.run" not in r.stdout + r.stderr, r.stdout
