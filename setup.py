@@ -8,7 +8,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 here = Path(__file__).parent
-version = re.search(r'__version__ = "([^"]+)"', (here / "tilescale" / "__init__.py").read_text()).group(1)
+version = re.search(r'__version__ = "([^"]+)"', (here / "tilescale" / "version.py").read_text()).group(1)
 
 setup(
     name="tilescale",
