@@ -1,6 +1,7 @@
 """nvcc, the stub libcuda of GPU-less build machines, and safe builds into the cache directory.
 
-Every artefact tilescale builds itself (the runtime shim, the stub) goes through :func:`build_once`:
+Every artefact tilescale builds itself (the runtime shim, the stub) goes through :func:`build_once`, and
+every file of its caches through :func:`write_once` (plan files too):
 one process builds under an exclusive file lock, writes to a temporary name and renames it into
 place; every other process waits on the lock and then finds the finished file. Next to each artefact
 a record ``<name>.sha256`` (size and SHA-256, written after the build) lets every later use verify the
@@ -37,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import compat
 from .env import settings
 from .errors import BuildError, TileScaleError
 
@@ -46,9 +48,7 @@ log = logging.getLogger("tilescale")
 def nvcc_path() -> str:
     """The nvcc tilelang uses (CUDA_HOME/bin, then PATH)."""
     try:
-        from tilelang.contrib.nvcc import get_nvcc_compiler
-
-        p = get_nvcc_compiler()
+        p = compat.nvcc_compiler()
         if p and os.path.exists(p):
             return p
     except Exception:  # noqa: BLE001  (tilelang raises various errors when CUDA is absent)
@@ -131,9 +131,7 @@ def _cache_roots() -> list[tuple[Path, str]]:
 def tilelang_cache_dir() -> Path:
     """The root of tilelang's kernel cache (TILELANG_CACHE_DIR), as tilelang resolves it."""
     try:
-        from tilelang import env as tl_env
-
-        return Path(str(tl_env.TILELANG_CACHE_DIR)).expanduser()
+        return Path(compat.tilelang_cache_root()).expanduser()
     except Exception:  # noqa: BLE001
         return Path(os.environ.get("TILELANG_CACHE_DIR") or "~/.tilelang/cache").expanduser()
 
@@ -306,47 +304,98 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Return `target`, building it with ``build(tmp_path)`` first if it does not exist yet or fails its
-    record (see the module docstring). Safe against concurrent callers (one builds, the others wait)
-    and against torn files: the artefact, then its record, are renamed into place after the build.
-    Refuses (:class:`UnsafeCacheDirError`) a directory, or a file, that others could write."""
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        dfd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` at once: written to a temporary file (0600) beside it, fsynced, renamed
+    into place, so a reader sees the old file or the whole new one. No lock (see :func:`write_once`)."""
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)   # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _build_wait_s() -> float:
+    """How long to wait for another process's build: its nvcc bound and then some (a week without one)."""
+    return settings.nvcc_timeout_s + 600.0 if settings.nvcc_timeout_s > 0 else 7 * 24 * 3600.0
+
+
+def write_once(target: Path, content: bytes | Callable[[Path], None], *,
+               check: Callable[[Path], str | None] = why_invalid, record: bool = True,
+               rewrite_because: str | None = None, lock_timeout_s: float | None = None,
+               on_rewrite: Callable[[str], None] | None = None) -> bool:
+    """The one writer of tilescale's caches (built libraries, plan files): write `target` unless it is valid.
+
+    In `target`'s private directory (:func:`private_dir`) and under its exclusive lock (``<name>.lock``;
+    another process may be writing it; waited for up to `lock_timeout_s`, default the nvcc bound and 10
+    minutes): check the file again (`check`: None if valid, else what is wrong; "missing" if absent), unless
+    `rewrite_because` says to rewrite it anyway; tell `on_rewrite` why an existing file is replaced; write
+    `content` (bytes, or a builder called with a temporary path) to a temporary file beside `target`, fsync
+    it, write its record (`record`: size and SHA-256 in ``<name>.sha256``, which the default `check`
+    verifies), rename both into place and fsync the directory. `check` must pass then, else TileScaleError.
+    A builder's file becomes 0700 (a library); bytes are written 0600. Returns whether it wrote (False:
+    valid already, e.g. written by another process meanwhile)."""
     private_dir(target.parent)
-    if why_invalid(target) is None:
-        check_private_file(target)
-        return target
-    wait = settings.nvcc_timeout_s + 600.0 if settings.nvcc_timeout_s > 0 else 7 * 24 * 3600.0
-    with file_lock(target.with_name(target.name + ".lock"), timeout_s=wait):  # another process may be building
-        why = why_invalid(target)  # another process may have built it while this one waited
+    wait = _build_wait_s() if lock_timeout_s is None else lock_timeout_s
+    with file_lock(target.with_name(target.name + ".lock"), timeout_s=wait):
+        why = rewrite_because or check(target)
         if why is None:
-            check_private_file(target)
-            return target
-        if why != "missing":
-            log.warning("tilescale: cached %s is invalid: %s; rebuilding it", target, why)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-        os.close(fd)
+            return False
+        if why != "missing" and on_rewrite is not None:
+            on_rewrite(why)
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)   # mode 0600
         rec_tmp = Path(tmp + RECORD_SUFFIX)
         try:
-            build(Path(tmp))
-            os.chmod(tmp, 0o700)  # a library (whatever mode the builder left), readable by this user only
+            with os.fdopen(fd, "wb") as f:
+                if isinstance(content, (bytes, bytearray)):
+                    f.write(content)
+            if not isinstance(content, (bytes, bytearray)):
+                content(Path(tmp))
+                os.chmod(tmp, 0o700)  # a library (whatever mode the builder left), readable by this user only
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            _write_durably(rec_tmp, f"{os.path.getsize(tmp)} {_sha256(Path(tmp))}\n".encode())
+            if record:
+                _write_durably(rec_tmp, f"{os.path.getsize(tmp)} {_sha256(Path(tmp))}\n".encode())
             os.replace(tmp, target)
-            os.replace(rec_tmp, record_path(target))
-            with contextlib.suppress(OSError):
-                dfd = os.open(target.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+            if record:
+                os.replace(rec_tmp, record_path(target))
+            _fsync_dir(target.parent)
         finally:
             for t in (tmp, rec_tmp):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(t)
-        why = why_invalid(target)
+        why = check(target)
         if why is not None:
             raise TileScaleError(f"building {target} did not give a valid file: {why}")
+    return True
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Return `target`, building it with ``build(tmp_path)`` first if it does not exist yet or fails its
+    record (see the module docstring): :func:`write_once`. Safe against concurrent callers (one builds, the
+    others wait) and against torn files. Refuses (:class:`UnsafeCacheDirError`) a directory, or a file,
+    that others could write."""
+    private_dir(target.parent)
+    if why_invalid(target) is None:
+        check_private_file(target)
+        return target
+    wrote = write_once(target, build, on_rewrite=lambda why: log.warning(
+        "tilescale: cached %s is invalid: %s; rebuilding it", target, why))
+    if not wrote:   # another process built it while this one waited
+        check_private_file(target)
     return target
 
 
@@ -510,9 +559,7 @@ def _libcuda_visible() -> bool:
     if ctypes.util.find_library("cuda"):
         return True
     try:
-        from tilelang.contrib.nvcc import get_cuda_library_dirs
-
-        dirs = get_cuda_library_dirs()
+        dirs = compat.cuda_library_dirs()
     except Exception:  # noqa: BLE001
         dirs = []
     return any((Path(d) / "libcuda.so").exists() for d in dirs)
