@@ -36,9 +36,9 @@ def _build(pf, **opts):
 
 
 def abort():
-    from tilescale import runtime
+    from tilescale import compiler
 
-    return [(runtime.barrier_jit(), (2,))]
+    return [(compiler.barrier_jit(), (2,))]
 
 
 def allgather_cpu():

@@ -129,9 +129,9 @@ def test_barrier_module_builds_with_its_host_entry(tmp_path):
     runtime calls; its kernel uses the bounded barrier."""
     import subprocess
 
-    from tilescale import runtime
+    from tilescale import compiler
 
-    r = runtime.barrier_jit().build(2)
+    r = compiler.barrier_jit().build(2)
     assert "tilescale::barrier_all<1>" in r.source
     syms = subprocess.run(["nm", "-D", "--defined-only", r.library], stdout=subprocess.PIPE, text=True).stdout
     assert "tilescale_module_barrier" in syms and "tilescale_module_init" in syms, syms[-2000:]

@@ -6,7 +6,7 @@ import pytest
 import tilescale
 from tilescale import runtime, symm
 from tilescale.errors import NotInitializedError
-from tilescale.symm import Allocation, _Registry
+from tilescale.heap import Allocation, Registry
 
 
 def _alloc(base, nbytes, seq=0):
@@ -14,7 +14,7 @@ def _alloc(base, nbytes, seq=0):
 
 
 def test_registry_find_add_remove():
-    reg = _Registry()
+    reg = Registry()
     a, b, c = _alloc(0x10000, 4096, 0), _alloc(0x30000, 256, 1), _alloc(0x20000, 0, 2)
     for x in (a, b, c):  # added out of address order
         reg.add(x)

@@ -18,11 +18,11 @@ for d in (EXAMPLES, EXAMPLES / "primitives", ROOT / "tests" / "gpu", ROOT / "ben
 
 
 def jobs_for(world_size: int) -> list:
-    from tilescale import runtime
+    from tilescale import compiler
     from tilescale.ops import prebuild
     from tilescale.ops.allgather import allgather_kernel, default_blocks_per_peer
 
-    jobs = [(runtime.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
+    jobs = [(compiler.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
     for name in ("example_allreduce", "example_all_to_all", "example_broadcast", "example_reduce_scatter",
                  "example_put_get", "example_signal_wait", "example_ld_st_atomic", "example_sync",
                  "example_remote_view"):
