@@ -101,3 +101,12 @@ def test_symmetric_heap_size(monkeypatch):
     monkeypatch.setenv("NVSHMEM_SYMMETRIC_SIZE", "4Q")
     with pytest.raises(ValueError, match="unknown suffix 'Q'"):
         env.symmetric_heap_size()
+
+
+def test_invalid_settings_raise_setting_errors(menv):
+    from tilescale.errors import SettingError, TileScaleError
+
+    menv.setenv("TILESCALE_WAIT_TIMEOUT_S", "soon")
+    with pytest.raises(SettingError, match="TILESCALE_WAIT_TIMEOUT_S='soon'"):
+        settings.wait_timeout_s
+    assert issubclass(SettingError, ValueError) and issubclass(SettingError, TileScaleError)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from . import build_modes
+from .errors import SettingError
 
 V = TypeVar("V")
 
@@ -45,7 +46,7 @@ class Setting(Generic[V]):
 
     # ------------------------------------------------------------------ what a subclass defines
     def parse(self, name: str, raw: str) -> V:
-        """The value of `raw`, found in variable `name`; ValueError naming it when invalid."""
+        """The value of `raw`, found in variable `name`; SettingError (a ValueError) naming it when invalid."""
         raise NotImplementedError
 
     def typed(self, value: V) -> Any:
@@ -92,7 +93,7 @@ class Flag(Setting[bool]):
             return True
         if low in _FALSE:
             return False
-        raise ValueError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+        raise SettingError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
 
     def text(self, value: Any) -> str:
         return "1" if value else "0"
@@ -103,9 +104,9 @@ class Seconds(Setting[float]):
         try:
             v = float(raw)
         except ValueError:
-            raise ValueError(f"{name}={raw!r}: expected a number of seconds, e.g. 30") from None
+            raise SettingError(f"{name}={raw!r}: expected a number of seconds, e.g. 30") from None
         if v < 0:
-            raise ValueError(f"{name}={raw!r}: expected a number >= 0 (0 turns it off)")
+            raise SettingError(f"{name}={raw!r}: expected a number >= 0 (0 turns it off)")
         return v
 
 
@@ -116,9 +117,9 @@ class Count(Setting[int]):
         try:
             v = int(raw.strip())
         except ValueError:
-            raise ValueError(f"{name}={raw!r}: expected a whole number >= 1") from None
+            raise SettingError(f"{name}={raw!r}: expected a whole number >= 1") from None
         if v < 1:
-            raise ValueError(f"{name}={raw!r}: expected a whole number >= 1")
+            raise SettingError(f"{name}={raw!r}: expected a whole number >= 1")
         return v
 
 
@@ -130,7 +131,7 @@ class Choice(Setting[str]):
     def parse(self, name: str, raw: str) -> str:
         v = raw.strip().lower()
         if v not in self.choices:
-            raise ValueError(f"{name}={raw!r}: expected one of {', '.join(self.choices)}")
+            raise SettingError(f"{name}={raw!r}: expected one of {', '.join(self.choices)}")
         return v
 
 
@@ -321,10 +322,10 @@ SIZE_RE = re.compile(r"\s*([+]?(?:0[xX][0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?(?:[pP][+-
 def parse_nvshmem_size(raw: str) -> int:
     """Bytes of an NVSHMEM size setting, read as NVSHMEM reads it (``sscanf("%lf%c")``): a number,
     optionally followed at once by k/m/g/t (x 2**10, 2**20, 2**30, 2**40; any case). NVSHMEM ignores
-    what follows the suffix ('1GB' is 1G). Raises ValueError where NVSHMEM would refuse the value."""
+    what follows the suffix ('1GB' is 1G). Raises SettingError (a ValueError) where NVSHMEM would refuse it."""
     m = SIZE_RE.fullmatch(raw)
     if m is None:
-        raise ValueError(f"{raw!r} is not {SIZE_SYNTAX}")
+        raise SettingError(f"{raw!r} is not {SIZE_SYNTAX}")
     num = m.group(1).lstrip("+")
     value = float.fromhex(num) if num[:2].lower() == "0x" else float(num)
     rest = m.group(2)
@@ -332,10 +333,10 @@ def parse_nvshmem_size(raw: str) -> int:
     if rest:
         shift = {"k": 10, "m": 20, "g": 30, "t": 40}.get(rest[0].lower())
         if shift is None:
-            raise ValueError(f"{raw!r}: unknown suffix {rest[0]!r}; expected {SIZE_SYNTAX}")
+            raise SettingError(f"{raw!r}: unknown suffix {rest[0]!r}; expected {SIZE_SYNTAX}")
         scale = shift
     if not math.isfinite(value):
-        raise ValueError(f"{raw!r} is not {SIZE_SYNTAX}")
+        raise SettingError(f"{raw!r} is not {SIZE_SYNTAX}")
     return int(math.ceil(value * (1 << scale)))
 
 
