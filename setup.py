@@ -20,7 +20,7 @@ setup(
     packages=find_packages(include=["tilescale", "tilescale.*"]),
     package_data={"tilescale": ["include/tilescale/*.cuh", "csrc/*.cu", "plan/tuning/*.json", "ops/*.json"]},
     install_requires=[
-        "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: tilescale builds on its public hooks
+        "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: its public hooks and the internals in tilescale/compat.py
         "torch>=2.9",
         "cython>=3.0",
         "numpy",
