@@ -28,7 +28,8 @@ setup(
     extras_require={
         "cu13": ["nvidia-nvshmem-cu13>=3.4,<4"],
         "cu12": ["nvidia-nvshmem-cu12>=3.4,<4"],
-        "test": ["pytest>=8", "pytest-timeout", "matplotlib"],   # matplotlib: the profiler timeline test
+        "test": ["pytest>=8", "pytest-timeout", "matplotlib",   # matplotlib: the profiler timeline test
+                 "ruff>=0.17,<0.18"],                          # .ci/run's lint step (pyproject.toml)
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tilescale=tilescale.__main__:main"]},

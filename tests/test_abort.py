@@ -120,7 +120,8 @@ def test_barriers_are_tilescales_bounded_ones():
     from pathlib import Path
 
     ops = (Path(D.__file__).resolve().parents[1] / "include" / "tilescale" / "ops.cuh").read_text()
-    body = ops[ops.index("void barrier_one_thread"):ops.index("template <int G>\n__device__ __forceinline__ void barrier_all")]
+    end = ops.index("template <int G>\n__device__ __forceinline__ void barrier_all")
+    body = ops[ops.index("void barrier_one_thread"):end]
     assert "wait_until<unsigned long long>" in body and "kBarrierSite" in body
 
 

@@ -270,9 +270,9 @@ def test_distributed_flags_hold_the_key_flags(clean_ts_env):
 
 def test_nvshmem_home_with_a_space_is_refused_clearly(tmp_path, clean_ts_env):
     from tilescale.backend import BackendSpec
-    from tilescale.kernel_build import prepare_distributed
     from tilescale.discovery import clear_cache, find_nvshmem
     from tilescale.errors import TileScaleError
+    from tilescale.kernel_build import prepare_distributed
 
     root = Path(find_nvshmem().root)
     spaced = tmp_path / "my nvshmem"

@@ -146,9 +146,8 @@ def _host_call_regex():
     from tilelang import tvm
     from tvm.target import Target
 
-    from tilescale.ops.direct_launch import call_signature
-
     import tilescale.language as T
+    from tilescale.ops.direct_launch import call_signature
 
     @T.prim_func
     def scale(a: T.Tensor((128,), "float32"), b: T.Tensor((128,), "float32")):

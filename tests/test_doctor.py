@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from nvshmem_versions import extra_install
 
 from tilescale import discovery, doctor
 from tilescale.__main__ import main
-
-from nvshmem_versions import extra_install
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -285,7 +284,7 @@ def _mixed_install(root: Path, include_from: Path, lib_from: Path, header_versio
             (inc / "non_abi" / item.name).symlink_to(item)
     header = (include_from / "non_abi" / "nvshmem_version.h").read_text()
     if header_version is not None:
-        for part, value in zip(("MAJOR", "MINOR", "PATCH"), header_version.split(".")):
+        for part, value in zip(("MAJOR", "MINOR", "PATCH"), header_version.split("."), strict=False):
             header = re.sub(rf"(#define\s+NVSHMEM_VENDOR_{part}_VERSION\s+)\d+", rf"\g<1>{value}", header)
     (inc / "non_abi" / "nvshmem_version.h").write_text(header)
     (root / "lib").symlink_to(lib_from)

@@ -108,5 +108,5 @@ def test_invalid_settings_raise_setting_errors(menv):
 
     menv.setenv("TILESCALE_WAIT_TIMEOUT_S", "soon")
     with pytest.raises(SettingError, match="TILESCALE_WAIT_TIMEOUT_S='soon'"):
-        settings.wait_timeout_s
+        _ = settings.wait_timeout_s
     assert issubclass(SettingError, ValueError) and issubclass(SettingError, TileScaleError)

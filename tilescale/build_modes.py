@@ -18,8 +18,8 @@ rdc        ``-rdc=true -lnvshmem_device`` (the TileScale seed)    ``tl.disable_r
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # The tilelang execution backend that builds distributed kernels (with nvcc, linked with NVSHMEM).
 DISTRIBUTED_BACKEND = "cython"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import build_modes
 

@@ -19,8 +19,9 @@ import contextlib
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import build_modes
 from .errors import SettingError

@@ -17,8 +17,17 @@ from .discovery import find_nvshmem
 from .env import settings
 from .errors import BuildError
 from .nvshmem_host import load_host_library
-from .toolchain import (NvccTimeoutError, bounded_nvcc, check_no_whitespace, file_lock, nvcc_version_tag, private_dir,
-                        source_digest, stub_libcuda_dir, tilelang_cache_dir)
+from .toolchain import (
+    NvccTimeoutError,
+    bounded_nvcc,
+    check_no_whitespace,
+    file_lock,
+    nvcc_version_tag,
+    private_dir,
+    source_digest,
+    stub_libcuda_dir,
+    tilelang_cache_dir,
+)
 
 
 def func_name(func) -> str:

@@ -19,14 +19,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import compat, diagnostics, heap
 from .env import settings
-from .errors import (AlreadyInitializedError, NotInitializedError, SymmetricMismatchError, TileScaleError,
-                     WaitTimeoutError)
+from .errors import (
+    AlreadyInitializedError,
+    NotInitializedError,
+    SymmetricMismatchError,
+    TileScaleError,
+    WaitTimeoutError,
+)
 from .kernel_build import compile_kernel, func_name
 from .nvshmem_host import load_host_library
 from .toolchain import build_once, file_digest, private_dir, run_nvcc
@@ -163,7 +168,7 @@ class Runtime:
 def _barrier_function(rt: Runtime):
     """`tilescale_module_barrier` of the barrier module (tilescale/barrier_kernel.py), built once (tilelang's
     kernel cache) and initialised for this runtime."""
-    from .barrier_kernel import barrier_module   # (tilelang: imported at the first barrier)
+    from .barrier_kernel import barrier_module  # (tilelang: imported at the first barrier)
 
     func = barrier_module(rt.info.world_size)
     kernel, _ = compile_kernel(func)
@@ -277,7 +282,8 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
                                  f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
                                  "`python -m tilescale doctor` checks the setup")
         if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
-            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of {world}")
+            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of "
+                                 f"{world}")
         log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                         device=device, shared_gpu=shared)
@@ -425,7 +431,7 @@ def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
                                   "call tilescale.init_distributed() before launching distributed kernels")
     if rc < 0:
         meaning = {-2: "cudaGetFuncBySymbol failed", -3: "cuFuncGetModule unavailable", -4: "cuFuncGetModule failed",
-                   -9: "cudaMemcpyToSymbol failed", -10: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
-                                                        "headers and host library?)")
+                   -9: "cudaMemcpyToSymbol failed", -10: "cudaMemcpyToSymbol failed"}.get(
+            rc, "NVSHMEM module init failed (version mismatch between headers and host library?)")
         raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
     rt.modules[key] = lib

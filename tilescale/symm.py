@@ -18,8 +18,14 @@ import os
 from dataclasses import dataclass
 
 from .env import symmetric_heap_size
-from .errors import (NotSymmetricError, OpArgumentError, OpArgumentTypeError, SymmetricHeapExhaustedError,
-                     TileScaleError, user_location)
+from .errors import (
+    NotSymmetricError,
+    OpArgumentError,
+    OpArgumentTypeError,
+    SymmetricHeapExhaustedError,
+    TileScaleError,
+    user_location,
+)
 from .heap import Allocation
 from .heap import registry as _registry
 from .runtime import current

@@ -26,8 +26,14 @@ from .context import Context
 from .environment import check_module_loading, check_multicast, check_nvls, check_symmetric_heap
 from .gpus import NO_GPU, check_gpus, check_peer_access, check_shared_gpu
 from .network import check_bootstrap_interface, check_rendezvous
-from .nvshmem import (PIP_NVSHMEM, check_bootstrap_plugin, check_nvshmem, check_nvshmem_device_library,
-                      check_nvshmem_inlined, check_nvshmem_version)
+from .nvshmem import (
+    PIP_NVSHMEM,
+    check_bootstrap_plugin,
+    check_nvshmem,
+    check_nvshmem_device_library,
+    check_nvshmem_inlined,
+    check_nvshmem_version,
+)
 from .probes import host_library_version, match_interfaces
 from .report import compile_only, exit_code, format_check, summary
 from .settings import check_settings

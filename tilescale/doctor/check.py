@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 STATUSES = (OK, WARN, FAIL)

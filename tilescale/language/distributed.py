@@ -138,7 +138,7 @@ class _Tile:
             for dim in reversed(list(buf.shape)):
                 expect.append(acc)
                 acc = acc * dim
-            if not all(_same(a, b) for a, b in zip(buf.strides, reversed(expect))):
+            if not all(_same(a, b) for a, b in zip(buf.strides, reversed(expect), strict=False)):
                 raise _err(op, f"{arg}: buffer '{buf.name}' has strides {list(buf.strides)}; only compact row-major "
                                "buffers are supported")
         self.buffer, self.dtype = buf, str(buf.dtype)
@@ -164,7 +164,8 @@ class _Tile:
 
     @staticmethod
     def _desc(starts, extents) -> str:
-        return "[" + ", ".join(f"{s}:{s}+{e}" if _as_int(e) != 1 else f"{s}" for s, e in zip(starts, extents)) + "]"
+        parts = (f"{s}:{s}+{e}" if _as_int(e) != 1 else f"{s}" for s, e in zip(starts, extents, strict=False))
+        return "[" + ", ".join(parts) + "]"
 
     def _shape2d(self, op, arg, shape, extents):
         nd = len(shape)
