@@ -147,7 +147,7 @@ def test_writable_cached_file_is_refused(caches):
 PLANT = r"""
 import json, os, shutil, subprocess, sys
 from pathlib import Path
-from tilescale import runtime, toolchain
+from tilescale import cache_files, runtime, toolchain
 from tilescale.discovery import find_nvshmem
 
 def fake_nvcc(args, what):           # the "legitimate" shim: an empty library (no nvcc needed)
@@ -169,7 +169,7 @@ if mode == "group-writable":
 elif mode == "foreign-owner":
     os.chown(so.parent, int(os.environ["FOREIGN_UID"]), -1)
 shutil.copyfile(evil, so)
-toolchain.record_path(so).write_text(f"{so.stat().st_size} {toolchain._sha256(so)}\n")
+toolchain.record_path(so).write_text(f"{so.stat().st_size} {cache_files._sha256(so)}\n")
 assert toolchain.why_invalid(so) is None        # the record alone does not catch it
 try:
     runtime.load_shim(nv)

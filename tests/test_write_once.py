@@ -1,5 +1,6 @@
-"""toolchain.write_once, the one writer of tilescale's caches (build_once's libraries and the plan files):
-lock, re-check, temporary file beside the target, fsync, record, rename."""
+"""cache_files.write_once (importable from tilescale.toolchain too), the one writer of tilescale's caches
+(build_once's libraries and the plan files): lock, re-check, temporary file beside the target, fsync, record,
+rename."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tilescale import toolchain
+from tilescale import cache_files, toolchain
+from tilescale.cache_files import UnsafeCacheDirError, record_path, why_invalid, write_once
 from tilescale.errors import TileScaleError
-from tilescale.toolchain import UnsafeCacheDirError, record_path, why_invalid, write_once
 
 
 def _mode(p: Path) -> int:
@@ -87,13 +88,13 @@ def test_refuses_a_directory_others_can_write(tmp_path):
 
 def test_build_once_and_the_plan_cache_use_it(monkeypatch, tmp_path):
     seen = []
-    real = toolchain.write_once
+    real = cache_files.write_once
 
     def spy(target, content, **kw):
         seen.append(Path(target).name)
         return real(target, content, **kw)
 
-    monkeypatch.setattr(toolchain, "write_once", spy)
+    monkeypatch.setattr(cache_files, "write_once", spy)
     toolchain.build_once(tmp_path / "a.so", lambda tmp: tmp.write_bytes(b"a"))
     from tilescale.plan import cache
     from tilescale.plan.plan import hash_id
@@ -103,3 +104,4 @@ def test_build_once_and_the_plan_cache_use_it(monkeypatch, tmp_path):
     rec = {"collective": "all_reduce", "id": hash_id(inputs), "inputs": inputs, "schema_version": 1}
     path = cache.store(rec, rebuild=True)
     assert seen == ["a.so", path.name] and cache.why_invalid(path, rec) is None
+    assert toolchain.write_once is real and toolchain.build_once is cache_files.build_once   # (importable there)

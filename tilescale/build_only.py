@@ -16,17 +16,10 @@ from pathlib import Path
 from . import codegen, compat
 from .arch import default_target
 from .backend import BackendSpec, resolve_backend, split_pass_configs
+from .cache_files import build_once, private_dir, record_path, why_invalid, write_atomically
 from .env import settings
 from .kernel_build import as_flag_list, explain_build_errors, func_name, prepare_distributed, with_stub_libcuda
-from .toolchain import (
-    bounded_nvcc,
-    build_once,
-    nvcc_version_tag,
-    private_dir,
-    record_path,
-    why_invalid,
-    write_atomically,
-)
+from .toolchain import bounded_nvcc, nvcc_version_tag
 from .version import __version__
 
 

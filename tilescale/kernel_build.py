@@ -13,6 +13,7 @@ from pathlib import Path
 from . import build_modes, codegen, compat
 from .arch import check_target_arch, default_target
 from .backend import BackendSpec, nvshmem_compile_flags, resolve_backend, split_pass_configs
+from .cache_files import file_lock, private_dir, tilelang_cache_dir
 from .discovery import find_nvshmem
 from .env import settings
 from .errors import BuildError
@@ -21,12 +22,9 @@ from .toolchain import (
     NvccTimeoutError,
     bounded_nvcc,
     check_no_whitespace,
-    file_lock,
     nvcc_version_tag,
-    private_dir,
     source_digest,
     stub_libcuda_dir,
-    tilelang_cache_dir,
 )
 
 

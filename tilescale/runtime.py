@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap
+from . import compat, diagnostics, heap, toolchain
+from .cache_files import build_once, private_dir
 from .env import settings
 from .errors import (
     AlreadyInitializedError,
@@ -34,7 +35,6 @@ from .errors import (
 )
 from .kernel_build import compile_kernel, func_name
 from .nvshmem_host import load_host_library
-from .toolchain import build_once, file_digest, private_dir, run_nvcc
 
 log = logging.getLogger("tilescale")
 
@@ -75,13 +75,13 @@ def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> 
 def _shim_path(install) -> Path:
     """The runtime shim for `install`, built once into TILESCALE_CACHE_DIR/runtime (a private directory:
     build_once refuses one that others could write, since the shim is loaded RTLD_GLOBAL)."""
-    tag = f"{install.version}-{file_digest(SHIM_SOURCE, install.host_library)}"
+    tag = f"{install.version}-{toolchain.file_digest(SHIM_SOURCE, install.host_library)}"
     target = private_dir(settings.cache_dir / "runtime" / tag) / "libts_runtime.so"
 
     def build(tmp: Path) -> None:
-        run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}", str(SHIM_SOURCE),
-                  f"-L{install.lib_dir}", install.host_library_link_flag,
-                  f"-Xlinker=-rpath,{install.lib_dir}", "-o", str(tmp)], "the tilescale runtime shim")
+        toolchain.run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}",
+                            str(SHIM_SOURCE), f"-L{install.lib_dir}", install.host_library_link_flag,
+                            f"-Xlinker=-rpath,{install.lib_dir}", "-o", str(tmp)], "the tilescale runtime shim")
 
     return build_once(target, build)
 
