@@ -26,14 +26,6 @@ os.environ.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
 
 REPO_ROOT = Path(__file__).resolve().parent
 
-# Variables that change how tilescale resolves, discovers or builds: tests that check defaults clear them.
-TILESCALE_ENV_VARS = (
-    "TILESCALE_USE_DISTRIBUTED", "TILELANG_USE_DISTRIBUTED", "TILESCALE_USE_NVSHMEM", "TILELANG_USE_NVSHMEM",
-    "NVSHMEM_HOME", "TILESCALE_BUILD_MODE", "TILESCALE_TARGET", "TILESCALE_CHECK_SYMMETRIC", "TILESCALE_LOG",
-    "TILESCALE_PLAN_DIR", "TILESCALE_TUNING_FILE", "TILESCALE_DIST_PREFER", "TILESCALE_DIST_DEBUG",
-    "TILESCALE_PROFILE", "TILESCALE_PROFILE_MASK", "TILESCALE_PROFILE_DIR", "TILESCALE_PROFILE_DEVICE",
-)
-
 
 def _gpu_count() -> int:
     try:
@@ -140,11 +132,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # --------------------------------------------------------------------------------- shared fixtures
 @pytest.fixture
 def clean_ts_env(monkeypatch):
-    """No tilescale setting from the caller's environment, and a fresh NVSHMEM discovery."""
-    for name in TILESCALE_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+    """No tilescale setting from the caller's environment (those that change how tilescale resolves, discovers
+    or builds: tilescale/env.py says which), and a fresh NVSHMEM discovery."""
     from tilescale import discovery
+    from tilescale.env import behaviour_variables
 
+    for name in behaviour_variables():
+        monkeypatch.delenv(name, raising=False)
     discovery.clear_cache()
     yield monkeypatch
     discovery.clear_cache()

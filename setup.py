@@ -8,7 +8,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 here = Path(__file__).parent
-version = re.search(r'__version__ = "([^"]+)"', (here / "tilescale" / "__init__.py").read_text()).group(1)
+version = re.search(r'__version__ = "([^"]+)"', (here / "tilescale" / "version.py").read_text()).group(1)
 
 setup(
     name="tilescale",
@@ -20,7 +20,7 @@ setup(
     packages=find_packages(include=["tilescale", "tilescale.*"]),
     package_data={"tilescale": ["include/tilescale/*.cuh", "csrc/*.cu", "plan/tuning/*.json", "ops/*.json"]},
     install_requires=[
-        "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: tilescale builds on its public hooks
+        "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: its public hooks and the internals in tilescale/compat.py
         "torch>=2.9",
         "cython>=3.0",
         "numpy",
@@ -28,7 +28,8 @@ setup(
     extras_require={
         "cu13": ["nvidia-nvshmem-cu13>=3.4,<4"],
         "cu12": ["nvidia-nvshmem-cu12>=3.4,<4"],
-        "test": ["pytest>=8", "pytest-timeout", "matplotlib"],   # matplotlib: the profiler timeline test
+        "test": ["pytest>=8", "pytest-timeout", "matplotlib",   # matplotlib: the profiler timeline test
+                 "ruff>=0.17,<0.18"],                          # .ci/run's lint step (pyproject.toml)
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tilescale=tilescale.__main__:main"]},

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
@@ -38,7 +39,7 @@ class Builds:
         for f in self._futures.values():
             f.cancel()
 
-    def wait(self) -> "Builds":
+    def wait(self) -> Builds:
         """Wait for every build (so that no lowering runs beside the caller's next test)."""
         cf.wait(list(self._futures.values()))
         return self

@@ -36,9 +36,9 @@ def _build(pf, **opts):
 
 
 def abort():
-    from tilescale import runtime
+    from tilescale import compiler
 
-    return [(runtime.barrier_jit(), (2,))]
+    return [(compiler.barrier_jit(), (2,))]
 
 
 def allgather_cpu():
@@ -79,6 +79,7 @@ def gemm_config():
 
 def profiler_timer():
     from test_profiler import timer_only
+
     from tilescale.toolchain import stub_libcuda_dir
 
     d = stub_libcuda_dir()
@@ -87,6 +88,7 @@ def profiler_timer():
 
 def profiler_ag_gemm():
     from test_profiler import AG_ARGS
+
     from tilescale.env import setting
     from tilescale.ops.ag_gemm import ag_gemm_kernel as fn
 

@@ -164,7 +164,8 @@ def test_barriers_are_tilescales_bounded_ones():
     from pathlib import Path
 
     ops = (Path(D.__file__).resolve().parents[1] / "include" / "tilescale" / "ops.cuh").read_text()
-    body = ops[ops.index("void barrier_one_thread"):ops.index("template <int G>\n__device__ __forceinline__ void barrier_all")]
+    end = ops.index("template <int G>\n__device__ __forceinline__ void barrier_all")
+    body = ops[ops.index("void barrier_one_thread"):end]
     assert "wait_until<unsigned long long>" in body and "kBarrierSite" in body
 
 
@@ -173,9 +174,9 @@ def test_barrier_module_builds_with_its_host_entry(tmp_path):
     runtime calls; its kernel uses the bounded barrier."""
     import subprocess
 
-    from tilescale import runtime
+    from tilescale import compiler
 
-    r = runtime.barrier_jit().build(2)
+    r = compiler.barrier_jit().build(2)
     assert "tilescale::barrier_all<1>" in r.source
     syms = subprocess.run(["nm", "-D", "--defined-only", r.library], stdout=subprocess.PIPE, text=True).stdout
     assert "tilescale_module_barrier" in syms and "tilescale_module_init" in syms, syms[-2000:]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tilescale import compiler
+from tilescale import arch
 from tilescale.compiler import ArchMismatchError, check_target_arch, code_runs_on, device_arch, target_codes
 from tilescale.errors import TileScaleError
 
@@ -65,7 +65,7 @@ def test_matching_or_unset_targets_pass():
 
 
 def test_no_gpu_means_no_check(monkeypatch):
-    monkeypatch.setattr(compiler, "_current_device", lambda: None)
+    monkeypatch.setattr(arch, "_current_device", lambda: None)
     check_target_arch({"kind": "cuda", "arch": "sm_100a"}, "k")   # GPU-less build machine: build anything
 
 
@@ -77,7 +77,7 @@ def test_compile_refuses_before_building(monkeypatch, tmp_path):
 
     import tilescale
 
-    monkeypatch.setattr(compiler, "_current_device", lambda: H200)
+    monkeypatch.setattr(arch, "_current_device", lambda: H200)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 

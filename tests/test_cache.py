@@ -111,7 +111,7 @@ def _copy_kernel_cache(cold_dir: Path, dst: Path, name: str, **extra) -> dict:
 
 def test_second_process_hits_the_cache(cold):
     tmp, envs, results = cold
-    compiled = [(e, r) for e, r in zip(envs, results) if _cu_files(e)]   # nvcc ran: a .cu in its TMPDIR
+    compiled = [(e, r) for e, r in zip(envs, results, strict=False) if _cu_files(e)]   # nvcc ran: a .cu in its TMPDIR
     assert compiled, "no process compiled the kernel into the cold cache"
     e1, first = compiled[0]
     assert first["entries"] == 1 and first["source_ok"] and first["mode"] == "inlined"

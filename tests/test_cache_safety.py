@@ -110,27 +110,27 @@ def test_cache_directory_of_another_user_is_refused(caches):
         private_dir(ts / "runtime" / "x")
     tl.mkdir(mode=0o700)
     os.chown(tl, FOREIGN_UID, -1)
-    from tilescale.compiler import _private_tilelang_cache
+    from tilescale.kernel_build import private_tilelang_cache
 
     with pytest.raises(UnsafeCacheDirError, match=rf"{tl}: it is owned by uid {FOREIGN_UID}.*TILELANG_CACHE_DIR"):
-        _private_tilelang_cache()
+        private_tilelang_cache()
 
 
 def test_tilelang_cache_is_made_private_and_checked(caches):
     from tilelang.cache.kernel_cache import KernelCache
 
-    from tilescale.compiler import _private_tilelang_cache
+    from tilescale.kernel_build import private_tilelang_cache
     from tilescale.toolchain import UnsafeCacheDirError
 
     _, tl = caches
-    _private_tilelang_cache()
+    private_tilelang_cache()
     kernels, staging = Path(KernelCache._get_cache_root()), Path(KernelCache._get_staging_root())
     assert kernels.is_relative_to(tl) and staging.is_relative_to(tl)
     for d in (tl, kernels, staging, kernels.parent):
         assert _mode(d) == 0o700, d
     os.chmod(kernels, 0o777)
     with pytest.raises(UnsafeCacheDirError, match=rf"{kernels}: it is writable by .*TILELANG_CACHE_DIR"):
-        _private_tilelang_cache()
+        private_tilelang_cache()
 
 
 def test_writable_cached_file_is_refused(caches):
@@ -147,7 +147,7 @@ def test_writable_cached_file_is_refused(caches):
 PLANT = r"""
 import json, os, shutil, subprocess, sys
 from pathlib import Path
-from tilescale import runtime, toolchain
+from tilescale import cache_files, runtime, toolchain
 from tilescale.discovery import find_nvshmem
 
 def fake_nvcc(args, what):           # the "legitimate" shim: an empty library (no nvcc needed)
@@ -169,7 +169,7 @@ if mode == "group-writable":
 elif mode == "foreign-owner":
     os.chown(so.parent, int(os.environ["FOREIGN_UID"]), -1)
 shutil.copyfile(evil, so)
-toolchain.record_path(so).write_text(f"{so.stat().st_size} {toolchain._sha256(so)}\n")
+toolchain.record_path(so).write_text(f"{so.stat().st_size} {cache_files._sha256(so)}\n")
 assert toolchain.why_invalid(so) is None        # the record alone does not catch it
 try:
     runtime.load_shim(nv)
@@ -254,10 +254,10 @@ def test_compile_flags_are_in_tilelangs_key():
 
 def test_distributed_flags_hold_the_key_flags(clean_ts_env):
     from tilescale.backend import BackendSpec
-    from tilescale.compiler import _prepare_distributed, key_flags
+    from tilescale.kernel_build import key_flags, prepare_distributed
 
     for mode in ("inlined", "rdc"):
-        flags = _prepare_distributed(None, BackendSpec("cython", True, mode, "test"), ["-DUSER"], 7.0)
+        flags = prepare_distributed(None, BackendSpec("cython", True, mode, "test"), ["-DUSER"], 7.0)
         assert flags[0] == "-DUSER" and set(key_flags()) <= set(flags)
         assert any(f.startswith("-DTILESCALE_NVSHMEM=") for f in flags)
         assert any(f.startswith("-DTILESCALE_HDR=") for f in flags)
@@ -270,9 +270,9 @@ def test_distributed_flags_hold_the_key_flags(clean_ts_env):
 
 def test_nvshmem_home_with_a_space_is_refused_clearly(tmp_path, clean_ts_env):
     from tilescale.backend import BackendSpec
-    from tilescale.compiler import _prepare_distributed
     from tilescale.discovery import clear_cache, find_nvshmem
     from tilescale.errors import TileScaleError
+    from tilescale.kernel_build import prepare_distributed
 
     root = Path(find_nvshmem().root)
     spaced = tmp_path / "my nvshmem"
@@ -281,7 +281,7 @@ def test_nvshmem_home_with_a_space_is_refused_clearly(tmp_path, clean_ts_env):
     clear_cache()
     assert str(find_nvshmem().root).startswith(str(spaced))
     with pytest.raises(TileScaleError) as e:
-        _prepare_distributed(None, BackendSpec("cython", True, "inlined", "test"), None, None)
+        prepare_distributed(None, BackendSpec("cython", True, "inlined", "test"), None, None)
     msg = str(e.value)
     assert "my nvshmem" in msg and "whitespace" in msg and "NVSHMEM_HOME" in msg, msg
 

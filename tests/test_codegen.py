@@ -414,7 +414,8 @@ def test_rdc_without_dynamic_shared_memory_adds_no_macros(module_env):
 
 
 def test_transform_is_idempotent():
-    src = ('extern "C" __global__ void __launch_bounds__(128, 1) k(const float* __restrict__ a, float* __restrict__ b) {\n'
+    src = ('extern "C" __global__ void __launch_bounds__(128, 1) k(const float* __restrict__ a, '
+           'float* __restrict__ b) {\n'
            '  extern __shared__ __align__(1024) uchar buf_dyn_shmem[];\n}\n')
     once = codegen.transform(src, "rdc")
     assert "__restrict__" not in once.split("{")[0]

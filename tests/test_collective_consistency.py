@@ -75,7 +75,7 @@ def _run_two_ranks(timeout=240):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for r, (p, out) in enumerate(zip(procs, outs)):
+    for r, (p, out) in enumerate(zip(procs, outs, strict=False)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out[-4000:]}"
     return [{d["case"]: d for d in (json.loads(ln[len("RESULT "):]) for ln in out.splitlines()
                                     if ln.startswith("RESULT "))} for out in outs]

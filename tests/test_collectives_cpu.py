@@ -167,7 +167,8 @@ def test_functions_reject_bad_arguments_before_any_collective():
         allreduce.all_reduce(cpu, op="max")
     with pytest.raises(ValueError, match=r"all_reduce: algo: got 'ring'"):
         allreduce.all_reduce(cpu, algo="ring")
-    with pytest.raises(ValueError, match=r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, expected a CUDA tensor"):
+    with pytest.raises(ValueError, match=r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, "
+                                         r"expected a CUDA tensor"):
         allreduce.all_reduce(cpu)
     with pytest.raises(ValueError, match=r"reduce_scatter_tensor: op: got 'avg'"):
         reduce_scatter.reduce_scatter_tensor(cpu, cpu, op="avg")
@@ -280,7 +281,7 @@ def _bench():
 def test_bench_win_ranges_and_tuning_table():
     b = _bench()
     rows = [dict(collective="reduce_scatter", bytes=1 << k, speedup=s, tilescale_us=1.0)
-            for k, s in zip(range(10, 22, 2), (0.9, 1.05, 1.2, 1.01, 1.5, 1.04))]
+            for k, s in zip(range(10, 22, 2), (0.9, 1.05, 1.2, 1.01, 1.5, 1.04), strict=False)]
     assert b.win_ranges(rows) == [[1 << 12, 1 << 14], [1 << 18, 1 << 20]]
     assert b.win_ranges([]) == []
     one = [dict(collective="all_reduce_one_shot", bytes=1 << k, speedup=s, tilescale_us=t)
@@ -293,7 +294,7 @@ def test_bench_win_ranges_and_tuning_table():
                                                   "ranges": [[1 << 12, 1 << 14], [1 << 18, 1 << 20]]}
     assert t["collectives"]["allreduce"] == [{"algo": "one_shot", "ranges": [[1 << 10, 1 << 12]]},
                                              {"algo": "two_shot", "ranges": [[1 << 14, 1 << 14]]}]
-    from tilescale.plan import tuning                 # the plan selector accepts it
+    from tilescale.plan import tuning  # the plan selector accepts it
 
     canon = tuning.validate(t, "bench_collectives")
     assert canon["collectives"]["allreduce"] == [("tilescale.allreduce.one_shot", [(1 << 10, 1 << 12)]),

@@ -5,12 +5,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from nvshmem_versions import wheel_version
 
 from tilescale import discovery
 from tilescale.discovery import clear_cache, find_nvshmem, read_version
 from tilescale.errors import NvshmemNotFoundError
-
-from nvshmem_versions import wheel_version
 
 WHEEL = wheel_version()   # the installed nvidia-nvshmem wheel's version (its metadata), e.g. "3.4.5"
 needs_wheel = pytest.mark.skipif(WHEEL is None, reason="no nvidia-nvshmem wheel installed (pip install -e '.[cu13]')")
@@ -31,8 +30,8 @@ def make_tree(root: Path, version=(3, 4, 5), *, include="include", lib="lib", de
         f"#define NVSHMEM_VENDOR_PATCH_VERSION\t{patch}\n"
         "#define NVSHMEM_VENDOR_STRING \"3.x\"\n")
     if inlining:
-        (inc / "non_abi" / "nvshmem_build_options.h").write_text("#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING_SUPPORTED\n"
-                                                                 "// NVSHMEM_ENABLE_ALL_DEVICE_INLINING\n")
+        (inc / "non_abi" / "nvshmem_build_options.h").write_text(
+            "#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING_SUPPORTED\n// NVSHMEM_ENABLE_ALL_DEVICE_INLINING\n")
     (libd / "libnvshmem_host.so.3").write_bytes(b"")
     if device_lib:
         (libd / "libnvshmem_device.a").write_bytes(b"")
@@ -139,11 +138,13 @@ def test_read_version(tmp_path):
     # the top-level header is accepted too
     top = tmp_path / "b" / "include"
     top.mkdir(parents=True)
-    (top / "nvshmem_version.h").write_text("#define NVSHMEM_VENDOR_MAJOR_VERSION 2\n#define NVSHMEM_VENDOR_MINOR_VERSION 11\n"
+    (top / "nvshmem_version.h").write_text("#define NVSHMEM_VENDOR_MAJOR_VERSION 2\n"
+                                           "#define NVSHMEM_VENDOR_MINOR_VERSION 11\n"
                                            "#define NVSHMEM_VENDOR_PATCH_VERSION 0\n")
     assert read_version(top) == "2.11.0"
     # a header without the patch number, or none at all, is an error that names the directory
-    (top / "nvshmem_version.h").write_text("#define NVSHMEM_VENDOR_MAJOR_VERSION 2\n#define NVSHMEM_VENDOR_MINOR_VERSION 11\n")
+    (top / "nvshmem_version.h").write_text("#define NVSHMEM_VENDOR_MAJOR_VERSION 2\n"
+                                           "#define NVSHMEM_VENDOR_MINOR_VERSION 11\n")
     with pytest.raises(NvshmemNotFoundError, match="carry no version"):
         read_version(top)
     empty = tmp_path / "c"

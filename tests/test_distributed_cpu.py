@@ -383,7 +383,7 @@ def _run_ranks(tmp_path: Path, code: str, nranks: int = 2, timeout: float = 90) 
             for q in procs:
                 q.kill()
             pytest.fail("ranks did not finish (hang?):\n" + "\n".join(q.communicate()[0][-3000:] for q in procs))
-    for r, (p, o) in enumerate(zip(procs, outs)):
+    for r, (p, o) in enumerate(zip(procs, outs, strict=False)):
         assert p.returncode == 0 and "RESULT " in o, f"rank {r} failed:\n{o[-5000:]}"
     return [json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for o in outs]
 
@@ -413,7 +413,8 @@ def test_use_tilescale_routes_through_plans_on_cpu(tmp_path):
         bad = {k: v for k, v in res.items() if not _all_true(v)}
         assert not bad, f"rank {rank}: {bad}"
         for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "fallback_max",
-                  "staged_noncontig", "heap_exhausted_fallback", "fallback_size", "fallback_dtype", "fallback_splits", "fallback_subgroup",
+                  "staged_noncontig", "heap_exhausted_fallback", "fallback_size", "fallback_dtype", "fallback_splits",
+                  "fallback_subgroup",
                   "whole_world_group", "async", "explicit", "explicit_out_of_range", "selector",
                   "explicit_over_selector", "selector_over_hint", "hint_nccl", "mismatch", "one_rank_error",
                   "after_mismatch", "bad_plan", "bad_plan_op", "stats", "debug_lines", "unregistered", "reset"):

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from nvshmem_versions import extra_install
 
 from tilescale import discovery, doctor
 from tilescale.__main__ import main
-
-from nvshmem_versions import extra_install
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -151,7 +150,7 @@ def test_gpu_check():
 def test_no_gpu_no_driver_says_nothing_can_run(monkeypatch):
     """Without GPU and driver the doctor does not fail the compile-only use, but does not promise a run."""
     monkeypatch.setattr(doctor.Context, "gpu_count", property(lambda self: 0))
-    monkeypatch.setattr(doctor, "_driver_version", lambda: None)
+    monkeypatch.setattr(doctor.probes, "driver_version", lambda: None)
     checks = {c.name: c for c in doctor.run_checks()}
     assert checks["gpus"].status == "warn" and checks["libcuda"].status == "warn"
     assert checks["shared-gpu"].status == "ok" and "compile-only" in checks["shared-gpu"].found
@@ -215,10 +214,10 @@ def test_shared_gpu_reads_the_setting(monkeypatch):
 
 def test_peer_access(monkeypatch):
     assert doctor.check_peer_access(_ctx(gpu_count=0)).status == "ok"
-    monkeypatch.setattr(doctor, "_can_access_peer", lambda i, j: True)
+    monkeypatch.setattr(doctor.probes, "can_access_peer", lambda i, j: True)
     c = doctor.check_peer_access(_ctx(gpus=3, gpu_count=4))
     assert c.status == "ok" and ".YY Y.Y YY." in c.found
-    monkeypatch.setattr(doctor, "_can_access_peer", lambda i, j: {i, j} != {0, 2})
+    monkeypatch.setattr(doctor.probes, "can_access_peer", lambda i, j: {i, j} != {0, 2})
     c = doctor.check_peer_access(_ctx(gpus=3, gpu_count=4))
     assert c.status == "FAIL" and "0->2" in c.found and "2->0" in c.found and ".Yn Y.Y nY." in c.found
     assert "CUDA_VISIBLE_DEVICES" in c.fix
@@ -261,13 +260,13 @@ def test_host_library_version_is_read_from_the_library():
 def test_version_mismatch_detected(monkeypatch):
     inst = discovery.find_nvshmem()
     other = f"{inst.version_tuple[0]}.{inst.version_tuple[1] + 1}.0"
-    monkeypatch.setattr(doctor, "host_library_version", lambda install: other)
+    monkeypatch.setattr(doctor.probes, "host_library_version", lambda install: other)
     c = doctor.check_nvshmem_version(doctor.Context())
     assert c.status == "FAIL"
     assert f"headers say {inst.version}" in c.found and f"host library says {other}" in c.found
     assert str(inst.host_library) in c.found
     assert f"=={inst.version}" in c.fix if inst.source.startswith("pip") else "NVSHMEM_HOME" in c.fix
-    monkeypatch.setattr(doctor, "host_library_version", lambda install: inst.version)
+    monkeypatch.setattr(doctor.probes, "host_library_version", lambda install: inst.version)
     assert doctor.check_nvshmem_version(doctor.Context()).status == "ok"
 
 
@@ -285,7 +284,7 @@ def _mixed_install(root: Path, include_from: Path, lib_from: Path, header_versio
             (inc / "non_abi" / item.name).symlink_to(item)
     header = (include_from / "non_abi" / "nvshmem_version.h").read_text()
     if header_version is not None:
-        for part, value in zip(("MAJOR", "MINOR", "PATCH"), header_version.split(".")):
+        for part, value in zip(("MAJOR", "MINOR", "PATCH"), header_version.split("."), strict=False):
             header = re.sub(rf"(#define\s+NVSHMEM_VENDOR_{part}_VERSION\s+)\d+", rf"\g<1>{value}", header)
     (inc / "non_abi" / "nvshmem_version.h").write_text(header)
     (root / "lib").symlink_to(lib_from)
@@ -359,7 +358,7 @@ def test_match_interfaces():
 
 
 def test_bootstrap_interface(monkeypatch):
-    ifaces = doctor._interfaces()
+    ifaces = doctor.probes.interfaces()
     assert "lo" in ifaces
     assert doctor.check_bootstrap_interface(doctor.Context()).status == "ok"
     monkeypatch.setenv("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "nosuchif9")
@@ -538,11 +537,11 @@ def test_tilelang():
 
 
 def test_libcuda(monkeypatch):
-    monkeypatch.setattr(doctor, "_driver_version", lambda: None)
+    monkeypatch.setattr(doctor.probes, "driver_version", lambda: None)
     c = doctor.check_libcuda(_ctx(gpu_count=0))
     assert c.status == "warn" and "compile-only" in c.found and "stub" in c.found
     assert doctor.check_libcuda(_ctx(gpu_count=2)).status == "FAIL"
-    monkeypatch.setattr(doctor, "_driver_version", lambda: "13.0")
+    monkeypatch.setattr(doctor.probes, "driver_version", lambda: "13.0")
     assert doctor.check_libcuda(_ctx(gpu_count=2)).status == "ok"
 
 

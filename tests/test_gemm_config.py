@@ -205,6 +205,7 @@ def build_jobs() -> dict:
     """The fused kernels with non-default configs and the sweep's kernel, as build_pool jobs (also built
     ahead by tests/prebuild_cpu_tier.py)."""
     import bench_gemm_configs as b
+
     import tilescale
     from tilescale.toolchain import stub_libcuda_dir
 

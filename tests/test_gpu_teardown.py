@@ -6,9 +6,9 @@ import re
 import time
 from pathlib import Path
 
+import jobs
 import pytest
 
-import jobs
 from tilescale import testing
 
 MAIN = Path(__file__).resolve().parent / "gpu" / "teardown_main.py"

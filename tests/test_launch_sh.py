@@ -29,8 +29,8 @@ def _launch(args, gpus=None, timeout=300, tmpdir=None, cache_dir=None):
     e.pop("GPUS", None)
     if gpus is not None:
         e["GPUS"] = gpus
-    return subprocess.run(["bash", str(LAUNCH), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout, env=e, cwd=str(REPO))
+    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=timeout, env=e,
+                          cwd=str(REPO))
 
 
 @pytest.mark.skipif(testing.gpu_count() > 0, reason="this machine has GPUs: launch.sh would run the example")
@@ -242,7 +242,7 @@ if [ "${{1:-}}" = -d ]; then
 fi
 read -r cmd
 echo "$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
-[ "$cmd" = quit ] && pkill -f "^nvidia-cuda-mps-control -d" 
+[ "$cmd" = quit ] && pkill -f "^nvidia-cuda-mps-control -d"
 exit 0
 """
 

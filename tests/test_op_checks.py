@@ -297,7 +297,7 @@ def test_construction_checks_on_the_good_rank(fake, name, build, exc, msg):
     def other(obj):
         return {**obj, "__error__": "X: y: got z"} if isinstance(obj, dict) else obj
 
-    rt = fake(world_size=2, others=other)
+    fake(world_size=2, others=other)
     rt_error = None
     try:
         build()

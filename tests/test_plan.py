@@ -3,6 +3,7 @@ changes), the plan cache (layout, concurrent writers, corrupt and mismatched fil
 precedence and its caching, tuning tables and built-in plans (no GPU: the runtime is faked where needed)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 import tilescale
 import tilescale.plan as P
 from tilescale.errors import TileScaleError
-from tilescale.plan import builtin, cache, plan as plan_mod, registry, selector, tuning
+from tilescale.plan import builtin, cache, registry, selector, tuning
+from tilescale.plan import plan as plan_mod
 from tilescale.plan.selector import Request
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -192,7 +194,7 @@ def test_handle_fields_kernel_and_record(plan_dir):
     assert dict(p.constraints) == {"world_size": 4, "nranks_per_node": 4, "min_msg_size": 0,
                                    "max_msg_size": 1 << 20, "dtypes": ("bfloat16",)}
     assert p.kernel("t") == 8 and p("t", blocks=1) == 1       # launch config bound, overridable
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.name = "other"                                        # frozen
     with pytest.raises(TypeError):
         p.constraints["world_size"] = 2
@@ -492,7 +494,7 @@ def test_shipped_tuning_tables_are_valid_and_choose_nothing_unmeasured():
     for f in files:
         t = tuning.validate(json.loads(f.read_text()), str(f))
         for coll, entries in t["collectives"].items():
-            for algo, ranges in entries:
+            for algo, _ranges in entries:
                 assert algo in builtin.ALGOS and builtin.ALGOS[algo][0] == coll
 
 

@@ -23,8 +23,16 @@ from tilescale import testing
 from tilescale.profiler import chrome_trace
 from tilescale.profiler import session as profiling
 from tilescale.profiler.default import RecordingProfiler
-from tilescale.profiler.device_timeline import (TILE_FIELDS, TILE_WORDS, ClockSync, Tile, best_point, check_tiles,
-                                                decode_tiles, timer_resolution_ns)
+from tilescale.profiler.device_timeline import (
+    TILE_FIELDS,
+    TILE_WORDS,
+    ClockSync,
+    Tile,
+    best_point,
+    check_tiles,
+    decode_tiles,
+    timer_resolution_ns,
+)
 from tilescale.profiler.events import PARENT_TYPES, EventState, EventType
 
 REPO = Path(__file__).resolve().parent.parent

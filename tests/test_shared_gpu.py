@@ -48,7 +48,7 @@ def test_ranks_per_gpu_setting(monkeypatch):
     for bad in ("0", "-1", "two", "1.5"):
         monkeypatch.setenv("TILESCALE_RANKS_PER_GPU", bad)
         with pytest.raises(ValueError, match="TILESCALE_RANKS_PER_GPU"):
-            env.settings.ranks_per_gpu
+            _ = env.settings.ranks_per_gpu
 
 
 def test_shares_gpu_is_false_before_init():
@@ -92,4 +92,5 @@ def test_launch_writes_a_stamped_job_log_when_asked(tmp_path, monkeypatch):
     (log,) = (tmp_path / "logs").glob("*.log")
     text = log.read_text()
     assert "test_launch_writes_a_stamped_job_log_when_asked-2r" in log.name
-    assert re.search(r"^\[\s*\d+\.\ds\] one$", text, re.M) and re.search(r"\] \[tilescale.testing\] exit 3$", text, re.M)
+    assert re.search(r"^\[\s*\d+\.\ds\] one$", text, re.M)
+    assert re.search(r"\] \[tilescale.testing\] exit 3$", text, re.M)

@@ -62,7 +62,7 @@ def test_soak_kernels_build_for_sm90(soak):
     from build_pool import build_all
 
     jobs = soak.jobs(4, 132, soak.parse_args([]))
-    builds = build_all({f"{i}:{n}": j for i, (n, j) in enumerate(zip(_names(jobs), jobs))}).wait()
+    builds = build_all({f"{i}:{n}": j for i, (n, j) in enumerate(zip(_names(jobs), jobs, strict=False))}).wait()
     for key in [f"{i}:{n}" for i, n in enumerate(_names(jobs))]:
         r = builds[key]
         assert r.spec.distributed and Path(r.library).is_file(), key

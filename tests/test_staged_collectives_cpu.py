@@ -338,7 +338,7 @@ def _run_ranks(tmp_path: Path, code: str, nranks: int = 2, timeout: float = 90) 
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for r, (p, o) in enumerate(zip(procs, outs)):
+    for r, (p, o) in enumerate(zip(procs, outs, strict=False)):
         assert p.returncode == 0 and "RESULT " in o, f"rank {r} failed:\n{o[-5000:]}"
     return [json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for o in outs]
 

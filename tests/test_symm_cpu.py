@@ -6,7 +6,7 @@ import pytest
 import tilescale
 from tilescale import runtime, symm
 from tilescale.errors import NotInitializedError
-from tilescale.symm import Allocation, _Registry
+from tilescale.heap import Allocation, Registry
 
 
 def _alloc(base, nbytes, seq=0):
@@ -14,7 +14,7 @@ def _alloc(base, nbytes, seq=0):
 
 
 def test_registry_find_add_remove():
-    reg = _Registry()
+    reg = Registry()
     a, b, c = _alloc(0x10000, 4096, 0), _alloc(0x30000, 256, 1), _alloc(0x20000, 0, 2)
     for x in (a, b, c):  # added out of address order
         reg.add(x)
@@ -98,3 +98,36 @@ def test_init_distributed_without_gpu_says_so(monkeypatch):
     with pytest.raises(tilescale.errors.TileScaleError, match="needs CUDA GPUs"):
         tilescale.init_distributed()
     assert not tilescale.is_initialized()
+
+
+def test_peer_arguments_raise_op_argument_errors(monkeypatch):
+    from types import SimpleNamespace
+
+    from tilescale import heap
+    from tilescale.errors import OpArgumentError
+
+    rt = SimpleNamespace(info=SimpleNamespace(world_size=2, rank=0), closed=False)
+    monkeypatch.setattr(symm, "current", lambda: rt)
+    heap.registry(rt).add(_alloc(0x10000, 64))
+    t = SimpleNamespace(is_cuda=True, data_ptr=lambda: 0x10000, numel=lambda: 16, element_size=lambda: 4)
+    with pytest.raises(OpArgumentError, match=r"pe: got 2, expected an int in \[0, 2\)"):
+        symm.get_remote_ptr(t, 2)
+    assert issubclass(OpArgumentError, ValueError)
+
+
+def test_free_all_frees_newest_first_and_finalize_hooks_are_registered_once():
+    from types import SimpleNamespace
+
+    from tilescale import heap
+    from tilescale.ops import op_cache
+
+    freed = []
+    rt = SimpleNamespace(shim=SimpleNamespace(ts_free=freed.append))
+    reg = heap.registry(rt)
+    for seq, base in enumerate((0x30000, 0x10000, 0x20000)):
+        reg.add(_alloc(base, 16, seq))
+    heap.free_all(rt)
+    assert freed == [0x20000, 0x10000, 0x30000] and reg.live_bytes == 0 and not reg.by_base
+    assert runtime._at_finalize.count(op_cache.clear_all) == 1   # the ops' caches are emptied by finalize
+    runtime.at_finalize(op_cache.clear_all)
+    assert runtime._at_finalize.count(op_cache.clear_all) == 1

@@ -313,7 +313,7 @@ def test_compile_fullgraph_traces_a_tp_mlp(world, backend):
     got = compiled(*params)
     got.float().square().sum().backward()
     torch.testing.assert_close(got, want)
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=False):
         torch.testing.assert_close(p.grad, g)
     assert {"ag_gemm", "gemm_rs"} <= set(w.calls)
 
@@ -416,7 +416,7 @@ def test_fused_all_gather_matmul_matches_torch_semantics(world, W, gather_dim):
 
     for A, outs in w.run(rank):
         torch.testing.assert_close(A, A_ref)
-        for o, B in zip(outs, Bs):
+        for o, B in zip(outs, Bs, strict=False):
             torch.testing.assert_close(o, A_ref @ B)
     A, outs = w.run(lambda r: torch_ops.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
                                                                 return_A=False))[0]

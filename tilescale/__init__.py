@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 _LAZY = {
     # compiler
@@ -39,8 +39,8 @@ _LAZY = {
     "create_symmetric_tensor": ("tilescale.symm", "create_symmetric_tensor"),
     "get_remote_ptr": ("tilescale.symm", "get_remote_ptr"),
 }
-_SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "runtime", "analysis", "codegen",
-               "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler")
+_SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "build_modes", "runtime", "analysis",
+               "codegen", "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler", "compat")
 
 
 def barrier(stream=None) -> None:
@@ -53,7 +53,7 @@ def barrier(stream=None) -> None:
 def synchronize() -> None:
     """``torch.cuda.synchronize()`` that turns a device-side wait that gave up (debug mode) into
     :class:`tilescale.errors.WaitTimeoutError` with the wait's diagnostics."""
-    from .diagnostics import synchronize as _sync
+    from .runtime import synchronize as _sync
 
     _sync()
 

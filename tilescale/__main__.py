@@ -67,8 +67,7 @@ def _doctor(args) -> int:
 def _env() -> int:
     import os
 
-    from .doctor import RELATED_ENV
-    from .env import describe
+    from .env import RELATED_ENV, describe
 
     print("# tilescale settings")
     for name, value, doc in describe():

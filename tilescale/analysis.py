@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tilelang import tvm
 from tvm import tirx
-from tvm.tirx.stmt_functor import post_order_visit
+
+from .compat import post_order_visit
 
 # Device functions that make a kernel distributed (prefixes of the callee name).
 DISTRIBUTED_PREFIXES = ("nvshmem", "tilescale::")

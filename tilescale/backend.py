@@ -2,20 +2,8 @@
 
 A kernel that uses distributed ops (remote put/get, signals, waits, barriers, fences: anything that
 lowers to an ``nvshmem*`` or ``tilescale::`` device call) is built by tilelang's ``cython`` backend with
-nvcc and linked with NVSHMEM; every other kernel keeps tilelang's default (``tvm_ffi``).
-
-Distributed kernels have two build modes (measured on H200: ``-rdc=true`` drops setmaxnreg, serialises
-wgmma around NVSHMEM calls and needs a shared-memory re-alignment; the inlined mode keeps plain speed):
-
-=========  ======================================================  ============================
-mode       nvcc                                                    chosen by
-=========  ======================================================  ============================
-inlined    ``-DNVSHMEM_ENABLE_ALL_DEVICE_INLINING``, no RDC;        default where the NVSHMEM
-           module state filled by ``nvshmemx_cumodule_init``        headers support it
-rdc        ``-rdc=true -lnvshmem_device`` (the TileScale seed)      ``tl.disable_rdc=False``,
-                                                                    ``build_mode="rdc"``,
-                                                                    ``TILESCALE_BUILD_MODE=rdc``
-=========  ======================================================  ============================
+nvcc and linked with NVSHMEM; every other kernel keeps tilelang's default (``tvm_ffi``). Distributed
+kernels have build modes: the table in :mod:`tilescale.build_modes` (what each is, its flags, what picks it).
 
 Pass-config keys of the seed: ``tl.disable_rdc`` (True: inlined, False: rdc) and ``tl.use_distributed``
 (True: build on the distributed path even without distributed ops; False: refuse distributed ops).
@@ -26,17 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import build_modes, compat, discovery, toolchain
 from .env import settings
 from .errors import BackendError
+from .version import __version__
 
-PASS_DISABLE_RDC = "tl.disable_rdc"
+PASS_DISABLE_RDC = build_modes.PASS_CONFIG
 PASS_USE_DISTRIBUTED = "tl.use_distributed"
 OUR_PASS_CONFIGS = (PASS_DISABLE_RDC, PASS_USE_DISTRIBUTED)
 
-BUILD_MODES = ("inlined", "rdc")
-DISTRIBUTED_CAPABLE = ("cython",)
-KNOWN_BACKENDS = ("auto", "tvm_ffi", "cython", "nvrtc", "torch", "cutedsl")
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 HEADERS = tuple(sorted((INCLUDE_DIR / "tilescale").glob("*.cuh")))
 
@@ -79,23 +65,33 @@ def resolve_build_mode(build_mode: str | None = None, ours: dict[str, Any] | Non
                        inlined_supported: bool | None = None) -> str:
     """Explicit ``build_mode`` > ``tl.disable_rdc`` > ``TILESCALE_BUILD_MODE`` > auto (inlined if supported)."""
     ours = ours or {}
-    if build_mode is not None and build_mode not in (*BUILD_MODES, "auto"):
-        raise BackendError(f"build_mode: got {build_mode!r}, expected one of 'auto', 'inlined', 'rdc'")
+    check_build_mode(build_mode)
     mode = build_mode if build_mode not in (None, "auto") else None
     if mode is None and PASS_DISABLE_RDC in ours:
-        mode = "inlined" if _as_bool(PASS_DISABLE_RDC, ours[PASS_DISABLE_RDC]) else "rdc"
+        mode = build_modes.by_disable_rdc(_as_bool(PASS_DISABLE_RDC, ours[PASS_DISABLE_RDC])).name
     if mode is None and settings.build_mode != "auto":
         mode = settings.build_mode
+    preferred, fallback = build_modes.INLINED, build_modes.RDC
     if mode is None:
         if inlined_supported is None:
-            from .discovery import find_nvshmem
-
-            inlined_supported = find_nvshmem().supports_inlined
-        mode = "inlined" if inlined_supported else "rdc"
-    if mode == "inlined" and inlined_supported is False:
-        raise BackendError("build_mode 'inlined' needs NVSHMEM headers with NVSHMEM_ENABLE_ALL_DEVICE_INLINING "
-                           "(NVSHMEM >= 3.4); this install has none: use build_mode='rdc' or upgrade NVSHMEM")
+            inlined_supported = preferred.supported_by(discovery.find_nvshmem())
+        mode = (preferred if inlined_supported else fallback).name
+    if mode == preferred.name and inlined_supported is False:
+        raise BackendError(f"build_mode '{preferred.name}' needs {preferred.needs}; this install has none: use "
+                           f"build_mode='{fallback.name}' or upgrade NVSHMEM")
     return mode
+
+
+def check_build_mode(build_mode: str | None) -> None:
+    """Raise BackendError unless `build_mode` is None, 'auto' or a mode of the table."""
+    choices = ("auto", *build_modes.NAMES)
+    if build_mode is not None and build_mode not in choices:
+        raise BackendError(f"build_mode: got {build_mode!r}, expected one of {', '.join(map(repr, choices))}")
+
+
+def known_backends() -> tuple[str, ...]:
+    """tilelang's execution backends, "auto" first (read from tilelang: :mod:`tilescale.compat`)."""
+    return compat.tilelang_execution_backends()
 
 
 def resolve_backend(func, requested: str | None = "auto", pass_configs: dict[str, Any] | None = None,
@@ -104,8 +100,9 @@ def resolve_backend(func, requested: str | None = "auto", pass_configs: dict[str
     from .analysis import describe_distributed_calls
 
     requested = requested or "auto"
-    if requested not in KNOWN_BACKENDS:
-        raise BackendError(f"execution_backend: got {requested!r}, expected one of {', '.join(KNOWN_BACKENDS)}")
+    known = known_backends()
+    if requested not in known:
+        raise BackendError(f"execution_backend: got {requested!r}, expected one of {', '.join(known)}")
     _, ours = split_pass_configs(pass_configs)
     calls = describe_distributed_calls(func)
     forced = None
@@ -123,13 +120,14 @@ def resolve_backend(func, requested: str | None = "auto", pass_configs: dict[str
         return BackendSpec(name=requested if requested != "auto" else "tvm_ffi", distributed=False,
                            build_mode=None, reason="no distributed ops: tilelang's default backend"
                            if requested == "auto" else f"execution_backend={requested!r} requested")
-    if requested not in ("auto", *DISTRIBUTED_CAPABLE):
+    backend = build_modes.DISTRIBUTED_BACKEND
+    if requested not in ("auto", backend):
         what = ", ".join(calls[:3]) if calls else "TILESCALE_USE_DISTRIBUTED / tl.use_distributed"
         raise BackendError(f"execution_backend: got {requested!r} for kernel '{name}', which uses distributed ops "
-                           f"({what}); expected 'cython' or 'auto': only the cython backend links NVSHMEM")
+                           f"({what}); expected '{backend}' or 'auto': only the {backend} backend links NVSHMEM")
     mode = resolve_build_mode(build_mode, ours)
     why = f"distributed ops ({', '.join(calls[:3])})" if calls else "distributed build forced"
-    return BackendSpec(name="cython", distributed=True, build_mode=mode, reason=f"{why}: cython + NVSHMEM, {mode}")
+    return BackendSpec(name=backend, distributed=True, build_mode=mode, reason=f"{why}: {backend} + NVSHMEM, {mode}")
 
 
 def resolve_execution_backend(kernel_or_func, requested: str = "auto", *, pass_configs=None) -> str:
@@ -141,12 +139,11 @@ def resolve_execution_backend(kernel_or_func, requested: str = "auto", *, pass_c
     be = getattr(kernel_or_func, "execution_backend", None)
     if isinstance(be, str) and hasattr(kernel_or_func, "get_kernel_source"):
         return be
-    from tilelang.language.eager import PrimFunc
-
+    prim_func = compat.prim_func_class()
     func = kernel_or_func
-    if not isinstance(func, PrimFunc) and hasattr(func, "get_tir"):
+    if not isinstance(func, prim_func) and hasattr(func, "get_tir"):
         func = func.get_tir()
-    if not isinstance(func, PrimFunc):
+    if not isinstance(func, prim_func):
         raise BackendError(f"kernel_or_func: got {type(kernel_or_func).__name__}, expected a compiled kernel, "
                            "a tilelang PrimFunc or a @tilescale.jit function")
     return resolve_backend(func, requested, pass_configs).name
@@ -160,17 +157,13 @@ def _func_name(func) -> str:
 
 
 def header_digest() -> str:
-    from .toolchain import file_digest
-
-    return file_digest(*HEADERS)
+    return toolchain.file_digest(*HEADERS)
 
 
 def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | None = None) -> list[str]:
     """nvcc flags of a distributed kernel. Single-token forms only (tilelang splits flags on spaces and
     drops tokens already on its command line). The -D tokens put everything that changes the binary
     but is invisible to tilelang's cache key (NVSHMEM version, header contents, mode, timeout) into it."""
-    from .toolchain import stub_libcuda_dir
-
     if not spec.distributed:
         return []
     timeout = settings.wait_timeout_s if wait_timeout_s is None else wait_timeout_s
@@ -186,13 +179,11 @@ def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | No
         f"-DTILESCALE_HDR={header_digest()}",
         f"-DTILESCALE_WAIT_TIMEOUT_NS={int(timeout * 1e9)}ull",
     ]
-    if spec.build_mode == "rdc":
-        if install.device_library is None:
-            raise BackendError(f"build_mode 'rdc' needs libnvshmem_device.a, not found in {install.lib_dir}")
-        flags += ["-rdc=true", "-lnvshmem_device", "--linker-options=--exclude-libs=ALL"]
-    else:
-        flags += ["-DNVSHMEM_ENABLE_ALL_DEVICE_INLINING"]
-    stub = stub_libcuda_dir()
+    mode = build_modes.get(spec.build_mode)
+    if mode.link_libraries and not mode.supported_by(install):
+        raise BackendError(f"build_mode '{mode.name}' needs {mode.needs}, not found in {install.lib_dir}")
+    flags += mode.nvcc_flags
+    stub = toolchain.stub_libcuda_dir()
     if stub is not None:
         flags.append(f"-L{stub}")
     return flags

@@ -6,16 +6,19 @@
 2. No ``__restrict__`` on kernel parameters: tilelang marks read-only parameters
    ``const T* __restrict__``, which lets nvcc read them with non-coherent loads (``ld.global.nc``); data
    a peer writes during the kernel would then be read stale after a wait.
-3. RDC mode only: relocatable device code loses the 1024-byte alignment of dynamic shared memory
-   that swizzled TMA tiles need (misaligned-address faults on H200). ``buf_dyn_shmem`` is re-based at
-   run time and the launch code asks for 1 KiB more (helpers in ``tilescale/module.cuh``).
+3. Relocatable build modes only (``rdc``: :mod:`tilescale.build_modes`): relocatable device code loses
+   the 1024-byte alignment of dynamic shared memory that swizzled TMA tiles need (misaligned-address
+   faults on H200). ``buf_dyn_shmem`` is re-based at run time and the launch code asks for 1 KiB more
+   (helpers in ``tilescale/module.cuh``).
 """
 from __future__ import annotations
 
 import contextlib
 import re
 import threading
-from typing import Iterator
+from collections.abc import Iterator
+
+from . import build_modes
 
 INCLUDE_LINE = "#include <tilescale/tilescale.cuh>\n"
 
@@ -40,7 +43,7 @@ def transform(code: str, build_mode: str) -> str:
     if INCLUDE_LINE in code:
         return code
     code = _KERNEL_DECL.sub(lambda m: m.group(1).replace(" __restrict__", ""), code)
-    if build_mode == "rdc" and _DYN_SMEM.search(code):
+    if build_modes.get(build_mode).relocatable and _DYN_SMEM.search(code):
         # tilelang names the merged buffer `uchar buf_dyn_shmem[]`, a single one by its own name and type
         code = _DYN_SMEM.sub(lambda m: f"extern __shared__ __align__(1024) uchar tilescale_dyn_shmem_raw[];\n"
                                        f"  {m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>("

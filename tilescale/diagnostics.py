@@ -11,7 +11,8 @@ the kernel (trap). Then:
    rank that failed, instead of waiting for it forever; they give that rank ``STOP_GRACE_S`` first to
    raise and report its error itself (step 3), so that a launcher which reports the first process to
    exit (torchrun) names the rank that failed, and its traceback is not cut off by the others' exits;
-3. on the failing rank, :func:`synchronize` (and ``tilescale.barrier``) raise
+3. on the failing rank, ``tilescale.synchronize()`` (:func:`tilescale.runtime.synchronize`) and
+   ``tilescale.barrier()`` raise
    :class:`tilescale.errors.WaitTimeoutError` with the same message; the CUDA context is unusable after
    a trap, so the process should exit.
 
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 
+from .compat import default_store
 from .errors import RemoteRankError, WaitTimeoutError
 
 _CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
@@ -63,23 +65,6 @@ def check(rt) -> None:
         raise WaitTimeoutError(describe(rec))
 
 
-def synchronize() -> None:
-    """``torch.cuda.synchronize()`` that reports a wait that gave up as WaitTimeoutError."""
-    import torch
-
-    from .runtime import current
-
-    rt = current()
-    try:
-        torch.cuda.synchronize()
-    except RuntimeError as e:
-        rec = read_record(rt)
-        if rec is not None:
-            raise WaitTimeoutError(describe(rec)) from e
-        raise
-    check(rt)
-
-
 def publish_failure(rt, what: str) -> None:
     """Tell every rank that this one failed (`what`: the error): the first report stays in the job's store."""
     me = rt.info.rank
@@ -87,9 +72,7 @@ def publish_failure(rt, what: str) -> None:
     if dog is not None:
         dog.reported = True
     try:
-        import torch.distributed as dist
-
-        store = dog.store if dog is not None else dist.distributed_c10d._get_default_store()
+        store = dog.store if dog is not None else default_store()
         if store is not None and not store.check([STORE_KEY]):
             store.set(STORE_KEY, f"{me}|{what}")
     except Exception:  # noqa: BLE001  (store gone: the job is ending anyway)
@@ -113,9 +96,7 @@ class Watchdog(threading.Thread):
         self.stop = threading.Event()
         self.reported = False
         try:
-            import torch.distributed as dist
-
-            self.store = dist.distributed_c10d._get_default_store()
+            self.store = default_store()
         except Exception:  # noqa: BLE001
             self.store = None
 

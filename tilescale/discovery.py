@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path

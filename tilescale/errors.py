@@ -14,6 +14,11 @@ class NvshmemNotFoundError(TileScaleError, ImportError):
     """No NVSHMEM installation was found (the message lists every place looked)."""
 
 
+class SettingError(TileScaleError, ValueError):
+    """An environment setting with an invalid value: the message names the variable, the value and what is
+    expected (a ValueError, as these checks raised before)."""
+
+
 class BackendError(TileScaleError, ValueError):
     """An execution backend or build mode that cannot build this kernel."""
 

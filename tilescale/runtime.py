@@ -19,16 +19,26 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AlreadyInitializedError, NotInitializedError, TileScaleError
+from . import compat, diagnostics, heap, toolchain
+from .cache_files import build_once, private_dir
+from .env import settings
+from .errors import (
+    AlreadyInitializedError,
+    NotInitializedError,
+    SymmetricMismatchError,
+    TileScaleError,
+    WaitTimeoutError,
+)
+from .kernel_build import compile_kernel, func_name
+from .nvshmem_host import load_host_library
 
 log = logging.getLogger("tilescale")
 
 SHIM_SOURCE = Path(__file__).resolve().parent / "csrc" / "ts_runtime.cu"
-
-_host_lib_handles: dict[str, ctypes.CDLL] = {}
 
 
 @dataclass(frozen=True)
@@ -62,30 +72,16 @@ def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> 
     return [r * num_gpus // local_world_size for r in range(local_world_size)]
 
 
-def load_host_library(install) -> ctypes.CDLL:
-    """dlopen NVSHMEM's host library with RTLD_GLOBAL (once), so every kernel module's
-    ``NEEDED libnvshmem_host.so.3`` resolves to this one copy; point NVSHMEM at its bootstrap plugin."""
-    key = str(install.host_library)
-    if key not in _host_lib_handles:
-        if install.bootstrap_uid is not None:
-            os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_PLUGIN", str(install.bootstrap_uid))
-        _host_lib_handles[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
-    return _host_lib_handles[key]
-
-
 def _shim_path(install) -> Path:
     """The runtime shim for `install`, built once into TILESCALE_CACHE_DIR/runtime (a private directory:
     build_once refuses one that others could write, since the shim is loaded RTLD_GLOBAL)."""
-    from .env import settings
-    from .toolchain import build_once, file_digest, private_dir, run_nvcc
-
-    tag = f"{install.version}-{file_digest(SHIM_SOURCE, install.host_library)}"
+    tag = f"{install.version}-{toolchain.file_digest(SHIM_SOURCE, install.host_library)}"
     target = private_dir(settings.cache_dir / "runtime" / tag) / "libts_runtime.so"
 
     def build(tmp: Path) -> None:
-        run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}", str(SHIM_SOURCE),
-                  f"-L{install.lib_dir}", install.host_library_link_flag,
-                  f"-Xlinker=-rpath,{install.lib_dir}", "-o", str(tmp)], "the tilescale runtime shim")
+        toolchain.run_nvcc(["-std=c++17", "--shared", "-Xcompiler", "-fPIC", f"-I{install.include_dir}",
+                            str(SHIM_SOURCE), f"-L{install.lib_dir}", install.host_library_link_flag,
+                            f"-Xlinker=-rpath,{install.lib_dir}", "-o", str(tmp)], "the tilescale runtime shim")
 
     return build_once(target, build)
 
@@ -149,8 +145,6 @@ class Runtime:
 
     def agree(self, what: str, value) -> None:
         """Raise SymmetricMismatchError on every rank unless every rank passed an equal `value`."""
-        from .errors import SymmetricMismatchError
-
         vals = self.all_gather_object(value)
         if any(v != vals[0] for v in vals):
             lines = "\n".join(f"  rank {r}: {v}" for r, v in enumerate(vals))
@@ -162,9 +156,7 @@ class Runtime:
         (TILESCALE_WAIT_TIMEOUT_S): a rank that never arrives stops it with a record naming the barrier."""
         import torch
 
-        from .diagnostics import check
-
-        check(self)
+        diagnostics.check(self)
         s = stream if stream is not None else torch.cuda.current_stream()
         if self._barrier_fn is None:
             self._barrier_fn = _barrier_function(self)
@@ -173,36 +165,16 @@ class Runtime:
             raise TileScaleError(f"tilescale.barrier(): launching the barrier kernel failed (CUDA error {rc})")
 
 
-_BARRIER_JIT = None
-
-
-def barrier_jit():
-    """The @tilescale.jit kernel module behind tilescale.barrier(): one warp that runs T.barrier_all. The
-    runtime calls the module's host function ``tilescale_module_barrier(stream, complete_puts)`` (every
-    module has it: ops.cuh), which launches the same bounded barrier as a one-thread kernel."""
-    global _BARRIER_JIT
-    if _BARRIER_JIT is None:
-        from . import language as T
-        from .compiler import jit
-
-        @jit
-        def barrier_module(world_size: int):
-            @T.prim_func
-            def tilescale_barrier(flag: T.Tensor((1,), "int32")):
-                with T.Kernel(1, threads=32):
-                    T.barrier_all(scope="warp")
-                    flag[0] = 1   # (a kernel needs a parameter it uses; the runtime never launches this one)
-
-            return tilescale_barrier
-
-        _BARRIER_JIT = barrier_module
-    return _BARRIER_JIT
-
-
 def _barrier_function(rt: Runtime):
-    """`tilescale_module_barrier` of the barrier module for this job's world size (built once, cached)."""
-    kernel = barrier_jit()(rt.info.world_size).prepare()
-    fn = kernel.library.tilescale_module_barrier
+    """`tilescale_module_barrier` of the barrier module (tilescale/barrier_kernel.py), built once (tilelang's
+    kernel cache) and initialised for this runtime."""
+    from .barrier_kernel import barrier_module  # (tilelang: imported at the first barrier)
+
+    func = barrier_module(rt.info.world_size)
+    kernel, _ = compile_kernel(func)
+    lib = compat.kernel_library(kernel)
+    init_module(lib, func_name(func))
+    fn = lib.tilescale_module_barrier
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
@@ -210,6 +182,7 @@ def _barrier_function(rt: Runtime):
 
 _RT: Runtime | None = None
 _init_lock = threading.Lock()
+_at_finalize: list[Callable[[], None]] = []
 
 
 def is_initialized() -> bool:
@@ -266,8 +239,6 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
         local_rank = _env_int("LOCAL_RANK", rank)
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
-        from .env import settings
-
         ndev = torch.cuda.device_count()
         if not 0 <= local_rank < local_world:
             raise TileScaleError(f"LOCAL_RANK={local_rank} with LOCAL_WORLD_SIZE={local_world}: expected "
@@ -311,7 +282,8 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
                                  f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
                                  "`python -m tilescale doctor` checks the setup")
         if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
-            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of {world}")
+            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of "
+                                 f"{world}")
         log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                         device=device, shared_gpu=shared)
@@ -324,9 +296,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
             raise TileScaleError(f"rank {rank}: could not allocate tilescale's barrier words on the symmetric heap "
                                  "(NVSHMEM_SYMMETRIC_SIZE too small?)")
         # Job-wide abort: a wait that gave up or an uncaught error on any rank stops every other rank.
-        from .diagnostics import Watchdog
-
-        _RT.watchdog = Watchdog(_RT)
+        _RT.watchdog = diagnostics.Watchdog(_RT)
         _RT.watchdog.start()
         _register_exit()
         return info
@@ -357,9 +327,7 @@ def _register_exit() -> None:
         prev = sys.excepthook
 
         def excepthook(*exc):  # an uncaught exception ends this rank, maybe alone: no collective teardown
-            from .diagnostics import failing
-
-            failing.set()      # this rank reports its own error: its watchdog must not stop it first
+            diagnostics.failing.set()      # this rank reports its own error: its watchdog must not stop it first
             prev(*exc)
             abandon(exc[1])
 
@@ -378,13 +346,34 @@ def abandon(error: BaseException | None = None) -> None:
     if rt is None or rt.closed:
         return
     if error is not None:
-        from .diagnostics import publish_failure
-
-        publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
+        diagnostics.publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
     if rt.watchdog is not None:
         rt.watchdog.stop.set()
     rt.closed = True
     _RT = None
+
+
+def at_finalize(hook: Callable[[], None]) -> None:
+    """Have finalize() call `hook()` once it has freed the symmetric heap (before NVSHMEM shuts down): for
+    what holds pointers into the heap above the runtime (the ops' caches: tilescale/ops/op_cache.py)."""
+    if hook not in _at_finalize:
+        _at_finalize.append(hook)
+
+
+def synchronize() -> None:
+    """``torch.cuda.synchronize()`` that reports a wait of this rank that gave up as WaitTimeoutError
+    (``tilescale.synchronize``; see tilescale/diagnostics.py)."""
+    import torch
+
+    rt = current()
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        rec = diagnostics.read_record(rt)
+        if rec is not None:
+            raise WaitTimeoutError(diagnostics.describe(rec)) from e
+        raise
+    diagnostics.check(rt)
 
 
 def _finalize_at_exit() -> None:
@@ -404,21 +393,16 @@ def finalize() -> None:
     import torch
     import torch.distributed as dist
 
-    from . import symm
-
     if rt.watchdog is not None:
         rt.watchdog.stop.set()
-    from .diagnostics import read_record
-
-    if read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
+    if diagnostics.read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
         rt.closed = True
         _RT = None
         return
     torch.cuda.synchronize()
-    symm.free_all(rt)
-    op_caches = sys.modules.get("tilescale.ops.op_cache")
-    if op_caches is not None:  # cached ops point into the heap just freed
-        op_caches.clear_all()
+    heap.free_all(rt)
+    for hook in _at_finalize:   # e.g. the ops' caches, whose ops point into the heap just freed
+        hook()
     for lib in rt.modules.values():
         fin = getattr(lib, "tilescale_module_finalize", None)
         if fin is not None:
@@ -447,7 +431,7 @@ def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
                                   "call tilescale.init_distributed() before launching distributed kernels")
     if rc < 0:
         meaning = {-2: "cudaGetFuncBySymbol failed", -3: "cuFuncGetModule unavailable", -4: "cuFuncGetModule failed",
-                   -9: "cudaMemcpyToSymbol failed", -10: "cudaMemcpyToSymbol failed"}.get(rc, "NVSHMEM module init failed (version mismatch between "
-                                                        "headers and host library?)")
+                   -9: "cudaMemcpyToSymbol failed", -10: "cudaMemcpyToSymbol failed"}.get(
+            rc, "NVSHMEM module init failed (version mismatch between headers and host library?)")
         raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
     rt.modules[key] = lib

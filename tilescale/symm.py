@@ -13,15 +13,22 @@ Every allocation is checked across ranks first (same size, dtype, shape, order);
 """
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import os
 from dataclasses import dataclass
 
-from .errors import (NotSymmetricError, OpArgumentError, OpArgumentTypeError, SymmetricHeapExhaustedError,
-                     TileScaleError, user_location)
-from .runtime import Runtime, current
+from .env import symmetric_heap_size
+from .errors import (
+    NotSymmetricError,
+    OpArgumentError,
+    OpArgumentTypeError,
+    SymmetricHeapExhaustedError,
+    TileScaleError,
+    user_location,
+)
+from .heap import Allocation
+from .heap import registry as _registry
+from .runtime import current
 
 
 class _CudaMemory:
@@ -37,55 +44,6 @@ def _wrap(ptr: int, nbytes: int, shape, dtype, device):
 
     raw = torch.as_tensor(_CudaMemory(ptr, max(nbytes, 1)), device=device)
     return raw[:nbytes].view(dtype).view(tuple(shape))
-
-
-@dataclass
-class Allocation:
-    base: int
-    nbytes: int
-    shape: tuple
-    dtype: object
-    seq: int
-    where: str
-    live: bool = True
-
-
-_EPOCHS = itertools.count(1)
-
-
-class _Registry:
-    def __init__(self):
-        self.by_base: dict[int, Allocation] = {}
-        self.bases: list[int] = []
-        self.seq = 0
-        self.live_bytes = 0
-        self.epoch = next(_EPOCHS)   # new on every free: kernels' caches of checked pointers drop then
-
-    def add(self, a: Allocation) -> None:
-        self.by_base[a.base] = a
-        bisect.insort(self.bases, a.base)
-        self.live_bytes += a.nbytes
-
-    def remove(self, a: Allocation) -> None:
-        a.live = False
-        self.epoch = next(_EPOCHS)
-        del self.by_base[a.base]
-        self.bases.remove(a.base)
-        self.live_bytes -= a.nbytes
-
-    def find(self, ptr: int, nbytes: int = 1) -> Allocation | None:
-        i = bisect.bisect_right(self.bases, ptr) - 1
-        if i < 0:
-            return None
-        a = self.by_base[self.bases[i]]
-        return a if ptr + nbytes <= a.base + max(a.nbytes, 1) else None
-
-
-def _registry(rt: Runtime) -> _Registry:
-    reg = getattr(rt, "_symm_registry", None)
-    if reg is None:
-        reg = rt._symm_registry = _Registry()
-    return reg
 
 
 def _dtype(dtype, op: str = "symm.empty"):
@@ -110,10 +68,7 @@ def _shape(shape, op: str = "symm.empty") -> tuple:
 
 def heap_size() -> int:
     """Bytes of symmetric heap per rank: NVSHMEM_SYMMETRIC_SIZE, or NVSHMEM's default (1 GiB)."""
-    from .doctor import NVSHMEM_DEFAULT_SYMMETRIC_SIZE, parse_nvshmem_size
-
-    raw = os.environ.get("NVSHMEM_SYMMETRIC_SIZE")
-    return parse_nvshmem_size(raw) if raw else NVSHMEM_DEFAULT_SYMMETRIC_SIZE
+    return symmetric_heap_size()
 
 
 def empty(*shape, dtype=None):
@@ -215,20 +170,13 @@ def free(t) -> None:
     reg.remove(a)
 
 
-def free_all(rt: Runtime) -> None:
-    reg = _registry(rt)
-    for base in sorted(reg.by_base, key=lambda b: reg.by_base[b].seq, reverse=True):
-        rt.shim.ts_free(base)
-        reg.remove(reg.by_base[base])
-
-
 def get_remote_ptr(t, pe: int) -> int:
     """Address of `t`'s copy on rank `pe`, mapped into this process (intra-node peers)."""
     rt = current()
     require_symmetric(t, "tensor")
     n = rt.info.world_size
     if not isinstance(pe, int) or isinstance(pe, bool) or not 0 <= pe < n:
-        raise ValueError(f"pe: got {pe!r}, expected an int in [0, {n})")
+        raise OpArgumentError(f"pe: got {pe!r}, expected an int in [0, {n})")
     p = rt.shim.ts_ptr(t.data_ptr(), pe) or 0
     if p == 0:
         raise TileScaleError(f"rank {pe} is not reachable by load/store from rank {rt.info.rank} (not on this node "
@@ -242,7 +190,7 @@ def peer_tensor(t, pe: int):
     import torch
 
     if not t.is_contiguous():
-        raise ValueError("peer_tensor: tensor must be contiguous")
+        raise OpArgumentError("peer_tensor: tensor must be contiguous")
     return _wrap(p, t.numel() * t.element_size(), t.shape, t.dtype, t.device) if t.numel() else torch.empty_like(t)
 
 

@@ -17,8 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO_ROOT / "launch.sh"

@@ -1,27 +1,15 @@
-"""nvcc, the stub libcuda of GPU-less build machines, and safe builds into the cache directory.
-
-Every artefact tilescale builds itself (the runtime shim, the stub) goes through :func:`build_once`:
-one process builds under an exclusive file lock, writes to a temporary name and renames it into
-place; every other process waits on the lock and then finds the finished file. Next to each artefact
-a record ``<name>.sha256`` (size and SHA-256, written after the build) lets every later use verify the
-file: a truncated, overwritten or half-published artefact is rebuilt, with a warning, instead of being
-loaded. (Kernels compiled through tilelang live in tilelang's own cache, which keeps a manifest of
-sizes and hashes per entry and recompiles an entry that fails it: tests/test_cache.py covers both.)
-
-A record beside a file proves nothing against someone who can write the directory (they rewrite both),
-so every cache directory tilescale uses (its own, the plan cache, and tilelang's kernel cache, from its
-root down) must be owned by the current user and writable by nobody else: :func:`private_dir` creates
-missing ones mode 0700 and refuses, with :class:`UnsafeCacheDirError`, to load from or write into one
-that is not. Files are created 0600 (libraries 0700).
+"""nvcc (found, versioned, bounded in time), the stub libcuda of GPU-less build machines, and the digests of
+tilescale's own sources that go into kernel cache keys.
 
 nvcc runs bounded by ``TILESCALE_NVCC_TIMEOUT_S`` (:func:`run_bounded`; tilelang's nvcc runs too, while
 tilescale builds a kernel: :func:`bounded_nvcc`), in its own process group, killed whole on expiry.
+Artefacts are written into the cache through :mod:`tilescale.cache_files` (:func:`write_once`,
+:func:`build_once`, :func:`private_dir`: importable from here too).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes.util
-import fcntl
 import functools
 import hashlib
 import logging
@@ -29,14 +17,25 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
+from . import compat
+from .cache_files import RECORD_SUFFIX as RECORD_SUFFIX
+from .cache_files import UnsafeCacheDirError as UnsafeCacheDirError
+from .cache_files import build_once as build_once
+from .cache_files import check_private_file as check_private_file
+from .cache_files import file_lock as file_lock
+from .cache_files import private_dir as private_dir
+from .cache_files import record_path as record_path
+from .cache_files import tilelang_cache_dir as tilelang_cache_dir
+from .cache_files import why_invalid as why_invalid
+from .cache_files import write_atomically as write_atomically
+from .cache_files import write_once as write_once
 from .env import settings
 from .errors import BuildError, TileScaleError
 
@@ -46,9 +45,7 @@ log = logging.getLogger("tilescale")
 def nvcc_path() -> str:
     """The nvcc tilelang uses (CUDA_HOME/bin, then PATH)."""
     try:
-        from tilelang.contrib.nvcc import get_nvcc_compiler
-
-        p = get_nvcc_compiler()
+        p = compat.nvcc_compiler()
         if p and os.path.exists(p):
             return p
     except Exception:  # noqa: BLE001  (tilelang raises various errors when CUDA is absent)
@@ -110,121 +107,6 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-# ----------------------------------------------------------------------------- private cache directories
-
-
-class UnsafeCacheDirError(TileScaleError):
-    """A cache directory that someone other than the current user could write."""
-
-
-def _cache_roots() -> list[tuple[Path, str]]:
-    """(root, the variable that chooses it) of every cache tilescale loads from or writes into."""
-    roots = []
-    for var, get in (("TILESCALE_CACHE_DIR", lambda: settings.cache_dir),
-                     ("TILESCALE_PLAN_DIR", lambda: settings.plan_dir),
-                     ("TILELANG_CACHE_DIR", tilelang_cache_dir)):
-        with contextlib.suppress(Exception):
-            roots.append((Path(os.path.abspath(get())), var))
-    return roots
-
-
-def tilelang_cache_dir() -> Path:
-    """The root of tilelang's kernel cache (TILELANG_CACHE_DIR), as tilelang resolves it."""
-    try:
-        from tilelang import env as tl_env
-
-        return Path(str(tl_env.TILELANG_CACHE_DIR)).expanduser()
-    except Exception:  # noqa: BLE001
-        return Path(os.environ.get("TILELANG_CACHE_DIR") or "~/.tilelang/cache").expanduser()
-
-
-def _root_of(path: Path) -> tuple[Path, str | None]:
-    best: tuple[Path, str | None] = (path, None)
-    for root, var in _cache_roots():
-        if (path == root or root in path.parents) and (best[1] is None or len(root.parts) > len(best[0].parts)):
-            best = (root, var)
-    return best
-
-
-def _unsafe(d: Path, st: os.stat_result, var: str | None) -> UnsafeCacheDirError:
-    uid = os.geteuid()
-    if not stat.S_ISDIR(st.st_mode):
-        problem, fix = "it is not a directory", "remove it, or choose another directory"
-    elif st.st_uid != uid:
-        problem = f"it is owned by {_user(st.st_uid)}, not by the current user ({_user(uid)})"
-        fix = "choose a directory of your own"
-    else:
-        who = " and ".join(w for w, bit in (("its group", stat.S_IWGRP), ("all users", stat.S_IWOTH))
-                           if st.st_mode & bit)
-        problem = f"it is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
-        if st.st_mode & stat.S_ISVTX:   # /tmp and the like: shared on purpose, never chmod them
-            fix = "it is a shared directory (sticky bit): choose a directory of your own below it"
-        else:
-            fix = (f"if nothing in it comes from someone else: chmod 700 {shlex.quote(str(d))}; "
-                   "or choose another directory")
-    example = "~/.cache/tilelang" if (var or "").startswith("TILELANG") else "~/.cache/tilescale"
-    choose = (f"export {var}=<a directory of yours, e.g. {example}>" if var
-              else "set TILESCALE_CACHE_DIR / TILELANG_CACHE_DIR to a directory of yours")
-    return UnsafeCacheDirError(
-        f"refusing to use the cache directory {d}: {problem}. Whoever can write it can replace the libraries "
-        f"tilescale loads from it (a record of their hash beside them is no defence). Fix: {fix} ({choose}).")
-
-
-def _user(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
-
-
-def _check_dir(d: Path, var: str | None) -> None:
-    st = os.stat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _unsafe(d, st, var)
-
-
-def private_dir(path: Path | str, root: Path | str | None = None) -> Path:
-    """`path`, a directory safe to load from and write into: every directory from its cache root (the
-    tilescale, plan or tilelang cache that holds it; `root` if given; else `path` alone) down to it is
-    owned by the current user and not writable by group or others. Missing ones are created mode 0700.
-    Raises :class:`UnsafeCacheDirError` naming the directory, what is wrong and the fix."""
-    path = Path(os.path.abspath(Path(path).expanduser()))
-    if root is not None:
-        root, var = Path(os.path.abspath(Path(root).expanduser())), None
-        for r, v in _cache_roots():
-            if r == root:
-                var = v
-        if not (path == root or root in path.parents):
-            root = path
-    else:
-        root, var = _root_of(path)
-    parts = path.relative_to(root).parts
-    chain = [root, *[root.joinpath(*parts[:i + 1]) for i in range(len(parts))]]
-    for i, d in enumerate(chain):
-        if not d.exists() and not d.is_symlink():
-            if i == 0:
-                d.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, 0o700)
-                os.chmod(d, 0o700)  # exactly 0700, whatever the umask
-        _check_dir(d, var)
-    return path
-
-
-def check_private_file(path: Path) -> None:
-    """Raise :class:`UnsafeCacheDirError` unless `path` is owned by the current user and writable by no one
-    else (a file there that is not is none of tilescale's doing)."""
-    st = os.stat(path)
-    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        why = (f"owned by {_user(st.st_uid)}, not by the current user" if st.st_uid != os.geteuid()
-               else f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
-        raise UnsafeCacheDirError(f"refusing to load {path}: it is {why}; tilescale writes its cached files 0600/0700 "
-                                  f"itself. Remove it (it is rebuilt) or choose another cache directory "
-                                  "(TILESCALE_CACHE_DIR / TILELANG_CACHE_DIR)")
-
-
 def check_no_whitespace(flags, what: str = "") -> None:
     """tilelang splits compile flags on whitespace: refuse a flag whose path has any, clearly, instead of
     letting it become several nvcc arguments."""
@@ -235,119 +117,6 @@ def check_no_whitespace(flags, what: str = "") -> None:
                 "compile flags on whitespace (it would reach nvcc as several arguments). Use paths without "
                 "spaces: e.g. a symlink without spaces to the NVSHMEM install (`ln -s '<path>' ~/nvshmem`) "
                 "set as NVSHMEM_HOME, or TILESCALE_CACHE_DIR without spaces")
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float = 600.0) -> Iterator[None]:
-    """Exclusive advisory lock on `path` (created if needed); waits up to `timeout_s`."""
-    private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TileScaleError(f"timed out after {timeout_s:.0f} s waiting for the lock {path} "
-                                         "(another process is building; remove the file if none is)") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-RECORD_SUFFIX = ".sha256"
-
-
-def record_path(target: Path) -> Path:
-    """The record of `target`: its size and SHA-256, written once `target` is built."""
-    return target.with_name(target.name + RECORD_SUFFIX)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def why_invalid(target: Path) -> str | None:
-    """None if `target` exists and matches its record; else what is wrong ("missing" if not built)."""
-    try:
-        actual = target.stat().st_size
-    except FileNotFoundError:
-        return "missing"
-    try:
-        fields = record_path(target).read_text().split()
-    except FileNotFoundError:
-        return "it has no record of a finished build (a build that was interrupted, or an older tilescale)"
-    except OSError as e:
-        return f"its record is unreadable ({e})"
-    if len(fields) != 2 or not fields[0].isdigit():
-        return f"its record {record_path(target).name} is corrupt"
-    size, digest = int(fields[0]), fields[1]
-    if actual != size:
-        return f"its size is {actual} bytes, the build wrote {size} (truncated or overwritten)"
-    if _sha256(target) != digest:
-        return "its content differs from what the build wrote (corrupted or overwritten)"
-    return None
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Return `target`, building it with ``build(tmp_path)`` first if it does not exist yet or fails its
-    record (see the module docstring). Safe against concurrent callers (one builds, the others wait)
-    and against torn files: the artefact, then its record, are renamed into place after the build.
-    Refuses (:class:`UnsafeCacheDirError`) a directory, or a file, that others could write."""
-    private_dir(target.parent)
-    if why_invalid(target) is None:
-        check_private_file(target)
-        return target
-    wait = settings.nvcc_timeout_s + 600.0 if settings.nvcc_timeout_s > 0 else 7 * 24 * 3600.0
-    with file_lock(target.with_name(target.name + ".lock"), timeout_s=wait):  # another process may be building
-        why = why_invalid(target)  # another process may have built it while this one waited
-        if why is None:
-            check_private_file(target)
-            return target
-        if why != "missing":
-            log.warning("tilescale: cached %s is invalid: %s; rebuilding it", target, why)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-        os.close(fd)
-        rec_tmp = Path(tmp + RECORD_SUFFIX)
-        try:
-            build(Path(tmp))
-            os.chmod(tmp, 0o700)  # a library (whatever mode the builder left), readable by this user only
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            _write_durably(rec_tmp, f"{os.path.getsize(tmp)} {_sha256(Path(tmp))}\n".encode())
-            os.replace(tmp, target)
-            os.replace(rec_tmp, record_path(target))
-            with contextlib.suppress(OSError):
-                dfd = os.open(target.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-        finally:
-            for t in (tmp, rec_tmp):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(t)
-        why = why_invalid(target)
-        if why is not None:
-            raise TileScaleError(f"building {target} did not give a valid file: {why}")
-    return target
 
 
 class NvccTimeoutError(BuildError):
@@ -510,9 +279,7 @@ def _libcuda_visible() -> bool:
     if ctypes.util.find_library("cuda"):
         return True
     try:
-        from tilelang.contrib.nvcc import get_cuda_library_dirs
-
-        dirs = get_cuda_library_dirs()
+        dirs = compat.cuda_library_dirs()
     except Exception:  # noqa: BLE001
         dirs = []
     return any((Path(d) / "libcuda.so").exists() for d in dirs)

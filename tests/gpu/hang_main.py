@@ -30,7 +30,7 @@ def run(info):
         except tilescale.errors.WaitTimeoutError as e:
             print(f"[rank 0] RAISED WaitTimeoutError: {e}", flush=True)
             time.sleep(5)  # let the watchdogs of the other ranks see it
-            raise SystemExit(3)
+            raise SystemExit(3) from None
     else:
         # Wait on the host, not in a device barrier (that is bounded too and would time out on its own, before
         # rank 0's wait does): only the watchdog, told by rank 0, can end this.

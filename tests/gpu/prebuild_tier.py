@@ -26,11 +26,11 @@ TIER_TIMEOUT_S = float(os.environ.get("TILESCALE_WAIT_TIMEOUT_S", "30"))   # wha
 
 def jit_jobs(world_size: int) -> list:
     """(jit function, args) of the multi-rank tests that run with the tier's wait bound."""
-    from tilescale import runtime
+    from tilescale import compiler
     from tilescale.ops import prebuild
     from tilescale.ops.allgather import allgather_kernel, default_blocks_per_peer
 
-    jobs = [(runtime.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
+    jobs = [(compiler.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
     for name in ("example_allreduce", "example_all_to_all", "example_broadcast", "example_reduce_scatter",
                  "example_put_get", "example_ld_st_atomic", "example_sync", "example_remote_view"):
         jobs += importlib.import_module(name).jobs(world_size)
@@ -58,9 +58,9 @@ def jit_jobs(world_size: int) -> list:
 def other_bound_jobs(world_size: int) -> list:
     """(jit function, args, wait bound) of the tests that run with another bound (tests/test_gpu_runtime.py,
     tests/test_gpu_teardown.py)."""
-    from tilescale import runtime
+    from tilescale import compiler
 
-    barrier, ring = runtime.barrier_jit(), importlib.import_module("teardown_main").ring_kernel
+    barrier, ring = compiler.barrier_jit(), importlib.import_module("teardown_main").ring_kernel
     hang = importlib.import_module("hang_main").never_signalled
     jobs = [(barrier, (world_size,), 3.0), (hang, (world_size,), 3.0)]   # the injected hang
     for bound in (0.0, 5.0):                                              # raise_one*, never_barrier, caught_exit, kill9

@@ -10,9 +10,8 @@ the distributed ops (``T.put_block``, ``T.wait_until``, ``T.remote``, ...) live 
 import tilelang.language as _tl
 from tilelang.language import *  # noqa: F401,F403
 
-from . import distributed  # noqa: F401
+from . import distributed, profile  # noqa: F401
 from .distributed import *  # noqa: F401,F403
-from . import profile  # noqa: F401
 from .profile import *  # noqa: F401,F403
 
 globals().update({k: v for k, v in vars(_tl).items() if not k.startswith("__") and k not in globals()})

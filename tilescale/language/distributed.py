@@ -54,9 +54,10 @@ _CTYPES = {"int32": "int", "uint32": "unsigned int", "int64": "long long", "uint
 _WAIT_DTYPES = ("int32", "uint32", "int64", "uint64")
 _ATOM_ADD_DTYPES = ("int32", "uint32", "int64", "uint64", "float32")
 
-for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilescale::put_signal", (1, 6)),
-                    ("tilescale::signal_op", (0,)), ("tilescale::ld_pe", (0,)), ("tilescale::st_pe", (0,)),
-                    ("tilescale::atom_add_pe", (0,)), ("tilescale::atom_cas_pe", (0,)),
+# Positions of the symmetric operands of each device call (ops.cuh: what is read first, then the destination).
+for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilescale::put_signal", (1, 7)),
+                    ("tilescale::signal_op", (1,)), ("tilescale::ld_pe", (0,)), ("tilescale::st_pe", (1,)),
+                    ("tilescale::atom_add_pe", (1,)), ("tilescale::atom_cas_pe", (2,)),
                     ("tilescale::peer_ptr", (0,)), ("tilescale::wait_until_pe", (0,))):
     register_symmetric_args(_name, _pos)
 
@@ -137,7 +138,7 @@ class _Tile:
             for dim in reversed(list(buf.shape)):
                 expect.append(acc)
                 acc = acc * dim
-            if not all(_same(a, b) for a, b in zip(buf.strides, reversed(expect))):
+            if not all(_same(a, b) for a, b in zip(buf.strides, reversed(expect), strict=False)):
                 raise _err(op, f"{arg}: buffer '{buf.name}' has strides {list(buf.strides)}; only compact row-major "
                                "buffers are supported")
         self.buffer, self.dtype = buf, str(buf.dtype)
@@ -163,7 +164,8 @@ class _Tile:
 
     @staticmethod
     def _desc(starts, extents) -> str:
-        return "[" + ", ".join(f"{s}:{s}+{e}" if _as_int(e) != 1 else f"{s}" for s, e in zip(starts, extents)) + "]"
+        parts = (f"{s}:{s}+{e}" if _as_int(e) != 1 else f"{s}" for s, e in zip(starts, extents, strict=False))
+        return "[" + ", ".join(parts) + "]"
 
     def _shape2d(self, op, arg, shape, extents):
         nd = len(shape)
@@ -337,8 +339,10 @@ def _put_signal(group: str, src, dst, signal, value, sig_op, dst_pe, size):
     pe = _pe(op, "dst_pe", dst_pe)
     sop = _pick(op, "sig_op", sig_op, _SIG_OPS)
     s, d, rows, row_bytes, src_ld, dst_ld = _pair(op, src, dst, size, remote="dst")
+    sig = _signal(op, signal, True)
+    val = _u64(op, "value", value)
     T.evaluate(T.call_extern("handle", f"tilescale::put_signal<{_GROUPS[group]}>", s.ptr("r"), d.ptr("w"), rows,
-                             row_bytes, src_ld, dst_ld, _signal(op, signal, True), _u64(op, "value", value), sop, pe))
+                             row_bytes, src_ld, dst_ld, val, sig, sop, pe))
 
 
 def put_signal_block(src, dst, signal, size=None, *, value, sig_op="set", dst_pe):
@@ -363,8 +367,9 @@ def signal_op(signal, *, value, op="set", dst_pe):
     """Atomically set or add `value` to the uint64 `signal` (symmetric) on `dst_pe` (NVSHMEM signal op).
     Ordered after earlier puts to `dst_pe` only with a ``fence()`` in between."""
     code = _pick("signal_op", "op", op, _SIG_OPS)
-    T.evaluate(T.call_extern("handle", "tilescale::signal_op", _signal("signal_op", signal, True),
-                             _u64("signal_op", "value", value), code, _pe("signal_op", "dst_pe", dst_pe)))
+    sig = _signal("signal_op", signal, True)
+    T.evaluate(T.call_extern("handle", "tilescale::signal_op", _u64("signal_op", "value", value), sig, code,
+                             _pe("signal_op", "dst_pe", dst_pe)))
 
 
 def signal_set(signal, value, *, dst_pe):
@@ -486,9 +491,9 @@ def st(dst, value, *, scope="gpu", sem="release", dst_pe=None):
     t, dt = _scalar("st", "dst", dst, tuple(_CTYPES))
     v = _value("st", "value", value, dt)
     if dst_pe is None:
-        T.evaluate(T.call_extern("handle", f"tilescale::st<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("w"), v))
+        T.evaluate(T.call_extern("handle", f"tilescale::st<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("w")))
     else:
-        T.evaluate(T.call_extern("handle", f"tilescale::st_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("w"), v,
+        T.evaluate(T.call_extern("handle", f"tilescale::st_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("w"),
                                  _pe("st", "dst_pe", dst_pe)))
 
 
@@ -501,8 +506,8 @@ def atom_add(dst, value, *, scope="gpu", sem="relaxed", dst_pe=None):
     t, dt = _scalar("atom_add", "dst", dst, _ATOM_ADD_DTYPES)
     v = _value("atom_add", "value", value, dt)
     if dst_pe is None:
-        return T.call_extern(dt, f"tilescale::atom_add<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("rw"), v)
-    return T.call_extern(dt, f"tilescale::atom_add_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("rw"), v,
+        return T.call_extern(dt, f"tilescale::atom_add<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw"))
+    return T.call_extern(dt, f"tilescale::atom_add_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw"),
                          _pe("atom_add", "dst_pe", dst_pe))
 
 
@@ -515,8 +520,8 @@ def atom_cas(dst, compare, value, *, scope="gpu", sem="relaxed", dst_pe=None):
     c = _value("atom_cas", "compare", compare, dt)
     v = _value("atom_cas", "value", value, dt)
     if dst_pe is None:
-        return T.call_extern(dt, f"tilescale::atom_cas<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("rw"), c, v)
-    return T.call_extern(dt, f"tilescale::atom_cas_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", t.ptr("rw"), c, v,
+        return T.call_extern(dt, f"tilescale::atom_cas<{sem_c}, {scope_c}, {_CTYPES[dt]}>", c, v, t.ptr("rw"))
+    return T.call_extern(dt, f"tilescale::atom_cas_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", c, v, t.ptr("rw"),
                          _pe("atom_cas", "dst_pe", dst_pe))
 
 

@@ -10,6 +10,8 @@ import collections
 import functools
 import threading
 
+from .. import runtime
+
 _CACHES: list = []
 
 
@@ -58,3 +60,6 @@ def clear_all() -> None:
     """Forget every cached op (``tilescale.finalize()``: their buffers are freed with the heap)."""
     for c in _CACHES:
         c.cache_clear()
+
+
+runtime.at_finalize(clear_all)   # finalize frees the heap the cached ops' buffers live on

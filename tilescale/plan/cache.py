@@ -82,20 +82,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def store(record: dict, *, rebuild: bool = False) -> Path:
     """Make the plan file of `record` valid; returns its path. Rewrites it when `rebuild` is set or the
-    file on disk is missing, corrupt or different."""
-    from ..toolchain import file_lock, private_dir
+    file on disk is missing, corrupt or different (cache_files.write_once: lock, temporary file, rename)."""
+    from ..cache_files import write_once
 
     path = path_for(record["collective"], record["id"])
     if not rebuild and why_invalid(path, record) is None:
         return path
     try:
-        private_dir(path.parent)   # 0700; refuses a directory others could write
-        with file_lock(path.with_name(path.name + ".lock"), timeout_s=60.0):
-            why = "rebuild=True" if rebuild else why_invalid(path, record)
-            if why is not None:
-                if why != "missing":
-                    log.warning("plan cache: rebuilding %s: %s", path, why)
-                _write_atomic(path, encode(record))
+        write_once(path, encode(record), check=lambda p: why_invalid(p, record), record=False,
+                   rewrite_because="rebuild=True" if rebuild else None, lock_timeout_s=60.0,
+                   on_rewrite=lambda why: log.warning("plan cache: rebuilding %s: %s", path, why))
     except OSError as e:
         raise TileScaleError(f"cannot write the plan {path}: {e}; set TILESCALE_PLAN_DIR (or TILESCALE_CACHE_DIR) "
                              "to a writable directory") from e

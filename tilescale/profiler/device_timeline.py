@@ -32,8 +32,9 @@ only their placement against host events carries the (reported) error of step 1.
 """
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 TILE_FIELDS = ("t_start", "t_ready", "t_end", "sm", "src", "chunk", "row_tile", "col_tile")
 TILE_WORDS = len(TILE_FIELDS)
@@ -82,7 +83,7 @@ def check_tiles(tiles: Sequence[Tile], expected: int | None = None) -> list[str]
 def timer_resolution_ns(tiles: Sequence[Tile]) -> int | None:
     """Smallest positive difference between any two stamps: an upper bound of the timer's step."""
     stamps = sorted({v for t in tiles for v in (t.t_start, t.t_ready, t.t_end)})
-    diffs = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+    diffs = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b > a]
     return min(diffs) if diffs else None
 
 

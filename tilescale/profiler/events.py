@@ -40,7 +40,7 @@ class EventType(enum.IntFlag):
     ALL = HOST | COPY | DEVICE
 
     @classmethod
-    def parse(cls, raw: str, what: str = "mask") -> "EventType":
+    def parse(cls, raw: str, what: str = "mask") -> EventType:
         """'all', 'host', 'coll,launch,tile' (names, any case, separated by , | + or spaces) or an
         integer (decimal or 0x...)."""
         text = str(raw).strip()
@@ -66,7 +66,7 @@ class EventType(enum.IntFlag):
             out |= member
         return out
 
-    def with_parents(self) -> "EventType":
+    def with_parents(self) -> EventType:
         """This mask plus every type above its types in the hierarchy."""
         m = EventType(self)
         if m & (EventType.WAIT | EventType.TILE):
@@ -134,7 +134,7 @@ class Profiler:
 
     name = "profiler"
 
-    def init(self, context: "ProfilerContext", rank: int, world_size: int, mask: EventType) -> EventType | None:
+    def init(self, context: ProfilerContext, rank: int, world_size: int, mask: EventType) -> EventType | None:
         """Start of a session. `mask` is what the session asks for; return the mask this profiler wants
         (or None: the same). The session delivers ``returned & mask`` (plus required parents)."""
         return None

@@ -18,7 +18,8 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .events import EventDescr, EventState, EventType, Profiler, ProfilerContext
 

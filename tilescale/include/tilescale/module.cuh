@@ -14,20 +14,28 @@
 //   tilescale_module_mode()      'I' inlined (non-RDC) or 'R' relocatable device code.
 //   tilescale_module_probe(out)  runs a one-thread kernel that reads my_pe / n_pes as device code sees them.
 //
-// Build modes:
-//   inlined (default): no -rdc; NVSHMEM_ENABLE_ALL_DEVICE_INLINING makes every NVSHMEM device function
-//     inline and gives this translation unit its own __constant__ nvshmemi_device_state_d, filled by
-//     nvshmemx_cumodule_init(). Code identical to a plain build (setmaxnreg and wgmma kept).
-//   rdc: -rdc=true + libnvshmem_device.a, as in the TileScale seed; the state is registered through
-//     nvshmemi_init_thread(). tilescale's code generator re-aligns dynamic shared memory in this mode.
+// Build modes (one row each in tilescale/build_modes.py, which defines the mode's macro with -D):
+//   TILESCALE_BUILD_MODE_INLINED (default): no -rdc; NVSHMEM_ENABLE_ALL_DEVICE_INLINING makes every NVSHMEM
+//     device function inline and gives this translation unit its own __constant__ nvshmemi_device_state_d,
+//     filled by nvshmemx_cumodule_init(). Code identical to a plain build (setmaxnreg and wgmma kept).
+//   TILESCALE_BUILD_MODE_RDC: -rdc=true + libnvshmem_device.a, as in the TileScale seed; the state is
+//     registered through nvshmemi_init_thread(). tilescale's code generator re-aligns dynamic shared memory
+//     in this mode.
 #pragma once
+
+#if defined(TILESCALE_BUILD_MODE_INLINED) == defined(TILESCALE_BUILD_MODE_RDC)
+#error "tilescale/module.cuh: define exactly one of TILESCALE_BUILD_MODE_INLINED, TILESCALE_BUILD_MODE_RDC (tilescale/build_modes.py)"
+#endif
+#if defined(TILESCALE_BUILD_MODE_RDC) != defined(__CUDACC_RDC__)
+#error "tilescale/module.cuh: TILESCALE_BUILD_MODE_RDC goes with nvcc -rdc=true, and only with it (tilescale/build_modes.py)"
+#endif
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <utility>
 
-#if !defined(__CUDACC_RDC__)
+#if defined(TILESCALE_BUILD_MODE_INLINED)
 #define TILESCALE_MODE_CHAR 'I'
 #ifndef NVSHMEM_ENABLE_ALL_DEVICE_INLINING
 #define NVSHMEM_ENABLE_ALL_DEVICE_INLINING
@@ -121,7 +129,7 @@ static int load_all_functions(CUmodule mod) {
 }  // namespace detail
 }  // namespace tilescale
 
-#if defined(__CUDACC_RDC__)
+#if defined(TILESCALE_BUILD_MODE_RDC)
 // nvshmemi_init_thread (libnvshmem_device.a) == the inline nvshmem_init() minus exit(): registers THIS
 // module's nvshmemi_device_state_d with the already initialised host library, which fills it.
 static int tilescale_fill_device_state(CUmodule) {
@@ -158,7 +166,7 @@ extern "C" int tilescale_module_init(void* diag, void* barrier_words) {
 
 // Before NVSHMEM shuts down: release this module's registration (inlined mode).
 extern "C" int tilescale_module_finalize() {
-#if defined(__CUDACC_RDC__)
+#if defined(TILESCALE_BUILD_MODE_RDC)
   return 0;
 #else
   CUmodule mod = nullptr;
@@ -177,7 +185,7 @@ extern "C" int tilescale_module_probe(int* host_out) {
   return e == cudaSuccess ? 0 : -(int)e;
 }
 
-#if defined(__CUDACC_RDC__)
+#if defined(TILESCALE_BUILD_MODE_RDC)
 // RDC mode: relocatable code loses the 1024-byte alignment of dynamic shared memory that swizzled TMA
 // tiles need. tilescale's code generator re-bases `buf_dyn_shmem` at run time (align_dyn_smem) and
 // routes the wrapper's launch calls through these helpers, which ask for kDynSmemPad more bytes.

@@ -1,8 +1,9 @@
 // tilescale/ops.cuh: the device functions behind tilescale.language's distributed ops.
 //
 // Every function here is reached from one op in tilescale/language/distributed.py; the Python side
-// validates arguments and documents the semantics, this side implements them. Naming: source first,
-// destination second (as T.copy(src, dst)); peers are NVSHMEM PE numbers.
+// validates arguments and documents the semantics, this side implements them. Operand order: what is read
+// first, then the destination (as T.copy(src, dst): a store takes its value, then its address), then modifiers;
+// peers are NVSHMEM PE numbers.
 #pragma once
 
 #include <stdint.h>
@@ -19,10 +20,7 @@ enum Group : int { kThread = 0, kWarp = 1, kBlock = 2 };
 enum Cmp : int { kEq = 0, kNe = 1, kGt = 2, kGe = 3, kLt = 4, kLe = 5 };
 enum SignalOp : int { kSignalSet = 0, kSignalAdd = 1 };
 
-// ------------------------------------------------------------------------------------------ identity
-__device__ __forceinline__ int my_pe() { return nvshmem_my_pe(); }
-__device__ __forceinline__ int n_pes() { return nvshmem_n_pes(); }
-
+// ------------------------------------------------------------------------------------------ groups
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -73,7 +71,7 @@ __device__ __forceinline__ void* peer_ptr(const void* p, int pe) { return peer_p
 // Group-cooperative byte copy; 16-byte vectors when both pointers allow it. Loads bypass L1 (.cg) so
 // data that a peer wrote during this kernel is never read stale.
 template <int G>
-__device__ __forceinline__ void copy_bytes(void* dst, const void* src, size_t n) {
+__device__ __forceinline__ void copy_bytes(const void* src, void* dst, size_t n) {
   int r, g;
   group_rank_size<G>(r, g);
   char* d = static_cast<char*>(dst);
@@ -101,7 +99,7 @@ __device__ __forceinline__ void copy_bytes(void* dst, const void* src, size_t n)
 
 // ------------------------------------------------------------------------------------ put / get
 template <int G, bool NBI>
-__device__ __forceinline__ void nvshmem_put_bytes(void* d, const void* s, size_t n, int pe) {
+__device__ __forceinline__ void nvshmem_put_bytes(const void* s, void* d, size_t n, int pe) {
   if constexpr (G == kBlock) {
     if constexpr (NBI) nvshmemx_putmem_nbi_block(d, s, n, pe); else nvshmemx_putmem_block(d, s, n, pe);
   } else if constexpr (G == kWarp) {
@@ -111,7 +109,7 @@ __device__ __forceinline__ void nvshmem_put_bytes(void* d, const void* s, size_t
   }
 }
 template <int G, bool NBI>
-__device__ __forceinline__ void nvshmem_get_bytes(void* d, const void* s, size_t n, int pe) {
+__device__ __forceinline__ void nvshmem_get_bytes(const void* s, void* d, size_t n, int pe) {
   if constexpr (G == kBlock) {
     if constexpr (NBI) nvshmemx_getmem_nbi_block(d, s, n, pe); else nvshmemx_getmem_block(d, s, n, pe);
   } else if constexpr (G == kWarp) {
@@ -133,15 +131,15 @@ __device__ __forceinline__ void put(const void* src, void* dst, long rows, long 
   const bool flat = rows == 1 || (row_bytes == src_ld && row_bytes == dst_ld);
   if (peer != nullptr) {
     if (flat) {
-      copy_bytes<G>(peer, s, (size_t)rows * row_bytes);
+      copy_bytes<G>(s, peer, (size_t)rows * row_bytes);
     } else {
-      for (long r = 0; r < rows; ++r) copy_bytes<G>(peer + r * dst_ld, s + r * src_ld, row_bytes);
+      for (long r = 0; r < rows; ++r) copy_bytes<G>(s + r * src_ld, peer + r * dst_ld, row_bytes);
     }
     if constexpr (G != kThread) group_sync<G>();
   } else if (flat) {
-    nvshmem_put_bytes<G, NBI>(d, s, (size_t)rows * row_bytes, pe);
+    nvshmem_put_bytes<G, NBI>(s, d, (size_t)rows * row_bytes, pe);
   } else {
-    for (long r = 0; r < rows; ++r) nvshmem_put_bytes<G, NBI>(d + r * dst_ld, s + r * src_ld, row_bytes, pe);
+    for (long r = 0; r < rows; ++r) nvshmem_put_bytes<G, NBI>(s + r * src_ld, d + r * dst_ld, row_bytes, pe);
   }
 }
 
@@ -155,33 +153,33 @@ __device__ __forceinline__ void get(const void* src, void* dst, long rows, long 
   const bool flat = rows == 1 || (row_bytes == src_ld && row_bytes == dst_ld);
   if (peer != nullptr) {
     if (flat) {
-      copy_bytes<G>(d, peer, (size_t)rows * row_bytes);
+      copy_bytes<G>(peer, d, (size_t)rows * row_bytes);
     } else {
-      for (long r = 0; r < rows; ++r) copy_bytes<G>(d + r * dst_ld, peer + r * src_ld, row_bytes);
+      for (long r = 0; r < rows; ++r) copy_bytes<G>(peer + r * src_ld, d + r * dst_ld, row_bytes);
     }
     if constexpr (G != kThread) group_sync<G>();
   } else if (flat) {
-    nvshmem_get_bytes<G, NBI>(d, s, (size_t)rows * row_bytes, pe);
+    nvshmem_get_bytes<G, NBI>(s, d, (size_t)rows * row_bytes, pe);
   } else {
-    for (long r = 0; r < rows; ++r) nvshmem_get_bytes<G, NBI>(d + r * dst_ld, s + r * src_ld, row_bytes, pe);
+    for (long r = 0; r < rows; ++r) nvshmem_get_bytes<G, NBI>(s + r * src_ld, d + r * dst_ld, row_bytes, pe);
   }
 }
 
 // --------------------------------------------------------------------------------------- signals
-__device__ __forceinline__ void signal_op(void* sig, uint64_t value, int op, int pe) {
+__device__ __forceinline__ void signal_op(uint64_t value, void* sig, int op, int pe) {
   nvshmemx_signal_op(static_cast<uint64_t*>(sig), value, op == kSignalAdd ? NVSHMEM_SIGNAL_ADD : NVSHMEM_SIGNAL_SET, pe);
 }
 
 // put_signal: the tile, then (ordered after it, by one thread of the group) the signal update.
 template <int G>
 __device__ __forceinline__ void put_signal(const void* src, void* dst, long rows, long row_bytes, long src_ld,
-                                           long dst_ld, void* sig, uint64_t value, int op, int pe) {
+                                           long dst_ld, uint64_t value, void* sig, int op, int pe) {
   put<G, false>(src, dst, rows, row_bytes, src_ld, dst_ld, pe);
   group_sync<G>();
   if (group_leader<G>()) {
     __threadfence_system();
     nvshmem_fence();
-    signal_op(sig, value, op, pe);
+    signal_op(value, sig, op, pe);
   }
   group_sync<G>();
 }
@@ -261,7 +259,7 @@ template <int SEM, int SCOPE, typename T>
 __device__ __forceinline__ T ld_pe(const void* p, int pe) { return ld<SEM, SCOPE, T>(peer_ptr(p, pe)); }
 
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ void st(void* p, T v) {
+__device__ __forceinline__ void st(T v, void* p) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::st supports 32- and 64-bit types");
   const uint64_t b = to_bits(v);
   if constexpr (sizeof(T) == 4) {
@@ -275,7 +273,7 @@ __device__ __forceinline__ void st(void* p, T v) {
   }
 }
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ void st_pe(void* p, T v, int pe) { st<SEM, SCOPE, T>(peer_ptr(p, pe), v); }
+__device__ __forceinline__ void st_pe(T v, void* p, int pe) { st<SEM, SCOPE, T>(v, peer_ptr(p, pe)); }
 
 // ------------------------------------------------------------------------------------ atomics
 #define TS_ATOM_SEM_SCOPE(SEM, SCOPE, BODY)                                                                   \
@@ -287,7 +285,7 @@ __device__ __forceinline__ void st_pe(void* p, T v, int pe) { st<SEM, SCOPE, T>(
   else if constexpr (SCOPE == kGpu) { BODY(".acq_rel.gpu") } else { BODY(".acq_rel.sys") }
 
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T atom_add(void* p, T v) {
+__device__ __forceinline__ T atom_add(T v, void* p) {
   T old;
   if constexpr (std::is_same<T, float>::value) {
 #define TS_B(Q) asm volatile("atom" Q ".global.add.f32 %0, [%1], %2;" : "=f"(old) : "l"(p), "f"(v) : "memory");
@@ -309,7 +307,7 @@ __device__ __forceinline__ T atom_add(void* p, T v) {
   return old;
 }
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T atom_cas(void* p, T compare, T v) {
+__device__ __forceinline__ T atom_cas(T compare, T v, void* p) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::atom_cas supports 32- and 64-bit types");
   uint64_t o;
   if constexpr (sizeof(T) == 4) {
@@ -328,9 +326,11 @@ __device__ __forceinline__ T atom_cas(void* p, T compare, T v) {
 }
 #undef TS_ATOM_SEM_SCOPE
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T atom_add_pe(void* p, T v, int pe) { return atom_add<SEM, SCOPE, T>(peer_ptr(p, pe), v); }
+__device__ __forceinline__ T atom_add_pe(T v, void* p, int pe) { return atom_add<SEM, SCOPE, T>(v, peer_ptr(p, pe)); }
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T atom_cas_pe(void* p, T c, T v, int pe) { return atom_cas<SEM, SCOPE, T>(peer_ptr(p, pe), c, v); }
+__device__ __forceinline__ T atom_cas_pe(T c, T v, void* p, int pe) {
+  return atom_cas<SEM, SCOPE, T>(c, v, peer_ptr(p, pe));
+}
 
 // ------------------------------------------------------------------------------------------ waits
 template <typename T>
@@ -403,10 +403,7 @@ __device__ __forceinline__ T wait_until_pe(const void* addr, int pe, int cmp, T 
   return wait_until<T>(peer_ptr(addr, pe), cmp, value, site);
 }
 
-// ------------------------------------------------------------------------------ order and barriers
-__device__ __forceinline__ void fence() { nvshmem_fence(); }
-__device__ __forceinline__ void quiet() { nvshmem_quiet(); }
-
+// ---------------------------------------------------------------------------------------- barriers
 // The wait-site id that bounded barriers report (tilescale/language/distributed.py names it).
 constexpr int kBarrierSite = -2;
 
