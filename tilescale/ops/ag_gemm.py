@@ -30,7 +30,7 @@ from ..profiler.device_timeline import TILE_WORDS
 from . import op_cache
 from . import checks
 from .capture import refuse_graph_capture
-from .gemm import GemmConfig, check, gemm_config
+from .gemm import GemmConfig, check, gemm_config, tile_buffers, tile_loop
 
 
 def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
@@ -65,11 +65,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
                 arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64, prof: Prof):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)   # L2 reuse across neighbouring tiles
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
             rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
             src = rb // tiles_per_rank
@@ -85,13 +81,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
                     prof[slot + 1] = T.timestamp()
                     for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
                         prof[slot + 3 + i] = T.cast(v, "uint64")
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(A[rb * block_m, ko * block_k], As)
-                T.copy(B[ko * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, Cs)
-            T.copy(Cs, C[rb * block_m, bx * block_n])
+            tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages, False)
             if profile:
                 if T.get_thread_binding() == 0:
                     prof[slot + 2] = T.timestamp()

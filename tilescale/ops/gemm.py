@@ -1,7 +1,9 @@
 """The Hopper GEMM tile loop shared by the fused kernels (TMA + wgmma, warp-specialised by tilelang).
 
-The fused ops only change where rows come from (gathered, with a wait per chunk) and where results go
-(partials, with a completion count); the tile configuration is chosen per problem by :func:`gemm_config`:
+A kernel built on it allocates its tiles with :func:`tile_buffers` and computes one output tile with
+:func:`tile_loop` (both ``T.macro``); AG+GEMM, GEMM+RS and the GEMM benchmarks only change which tile a
+block computes, what it waits for before (gathered rows: a wait per chunk) and what it signals after
+(partials: a completion count). The tile configuration is chosen per problem by :func:`gemm_config`:
 
 1. the tuning table ``gemm_tuning.json`` next to this file (written by
    ``benchmarks/bench_gemm_configs.py --write-tuning``): per measured GEMM shape (and op), the configs
@@ -19,6 +21,8 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import tilescale.language as T
 
 TUNING_FILE = Path(__file__).with_name("gemm_tuning.json")
 SMEM_LIMIT = 232448        # bytes of shared memory one block may use on H100 / H200 (227 KiB)
@@ -59,6 +63,38 @@ class GemmConfig:
 
 
 DEFAULT = GemmConfig()
+
+
+# ------------------------------------------------------------------------------------- the tile loop
+@T.macro
+def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: int):
+    """The tiles of one block: A and B tiles in shared memory (the pipeline's stages are added by
+    ``T.Pipelined``), the fp32 accumulator in registers and the C tile in shared memory; blocks launched
+    in panels of `swizzle` rows of tiles (0: launch order) for L2 reuse. Returns (A tile, B tile,
+    accumulator, C tile)."""
+    As = T.alloc_shared((block_m, block_k), dtype)
+    Bs = T.alloc_shared((block_k, block_n), dtype)
+    Cl = T.alloc_fragment((block_m, block_n), "float32")
+    Cs = T.alloc_shared((block_m, block_n), dtype)
+    T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
+    return As, Bs, Cl, Cs
+
+
+@T.macro
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool):
+    """``C[rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma into the
+    accumulator, then the tile through shared memory to C (a TMA store; plain vector stores by every
+    thread with `disable_tma`)."""
+    block_m, block_k = As.shape
+    block_n = Bs.shape[1]
+    T.clear(Cl)
+    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k), num_stages=stages):
+        T.copy(A[rb * block_m, ko * block_k], As)
+        T.copy(B[ko * block_k, bx * block_n], Bs)
+        T.gemm(As, Bs, Cl)
+    T.copy(Cl, Cs)
+    T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
 
 
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,

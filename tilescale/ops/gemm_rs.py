@@ -30,7 +30,7 @@ from . import op_cache
 from . import checks, vectors
 from .ag_gemm import check_problem
 from .capture import refuse_graph_capture
-from .gemm import GemmConfig, check, gemm_config
+from .gemm import GemmConfig, check, gemm_config, tile_buffers, tile_loop
 
 
 @tilescale.jit
@@ -45,21 +45,11 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
     def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((M, N), dtype),
                      done: T.Tensor((tiles_m,), "uint64")):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
-            Xs = T.alloc_shared((block_m, block_k), dtype)
-            Ws = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
+            Xs, Ws, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(X[rb * block_m, ko * block_k], Xs)
-                T.copy(Wt[ko * block_k, bx * block_n], Ws)
-                T.gemm(Xs, Ws, Cl)
-            T.copy(Cl, Cs)
-            T.copy(Cs, P[rb * block_m, bx * block_n], disable_tma=True)  # vector stores by every thread...
-            T.atom_add(done[rb], 1, scope="sys", sem="release")         # ...each released by its thread
+            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, True)   # vector stores by every thread...
+            T.atom_add(done[rb], 1, scope="sys", sem="release")       # ...each released by its thread
 
     return gemm_rs_gemm
 
