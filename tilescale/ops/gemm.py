@@ -97,6 +97,28 @@ def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool):
     T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
 
 
+def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
+    """The construction checks shared by the fused ops (AGGemm, GemmRS): positive int sizes, a GEMM dtype
+    (bf16, fp16), a GemmConfig or None; `op` names the op in messages, `k_name` its K."""
+    from . import checks
+
+    for name, v in (("M", M), ("N", N), (k_name, K)):
+        checks.as_int(op, name, v)
+    checks.as_dtype(op, "dtype", dtype, checks.GEMM_DTYPES, note=" (the Hopper wgmma GEMM)")
+    if config is not None and not isinstance(config, GemmConfig):
+        checks.fail(op, "config", checks.describe(config), "a tilescale.ops.gemm.GemmConfig (or None: tuned)",
+                    type_error=True)
+
+
+ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
+
+
+def padded_rows(rows: int) -> int:
+    """The rows per rank that ``tilescale.ops.ag_gemm`` and ``gemm_rs`` run: `rows` rounded up to a multiple
+    of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
+    return -(-rows // ROW_TILE) * ROW_TILE
+
+
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
           elem_bytes: int = 2) -> str | None:
     """Why `cfg` cannot compute this (M, N, K) problem inside `op` ("ag_gemm", "gemm_rs" or None for the
@@ -162,3 +184,15 @@ def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None =
         if c is not None:
             return c
     return DEFAULT
+
+
+def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
+    """The configuration `op` runs this problem with: `config`, or else the tuned one (:func:`gemm_config`);
+    a ValueError naming M or config when it cannot run it."""
+    cfg = config or gemm_config(M, N, K, world_size=world_size, op=op)
+    if M % (world_size * cfg.block_m):
+        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
+    why = check(cfg, M, N, K, world_size=world_size, op=op)
+    if why:
+        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
+    return cfg
