@@ -14,7 +14,7 @@ import tilescale.distributed as dist  # noqa: E402
 import tilescale.ops  # noqa: E402
 import tilescale.plan as P  # noqa: E402
 from tilescale.ops import prebuild, registry  # noqa: E402
-from tilescale.plan import builtin  # noqa: E402
+from tilescale.plan import builtin, tuning  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COLLECTIVES = registry.collectives()
@@ -43,7 +43,7 @@ def test_a_registered_collective_is_known_everywhere(c):
     assert set(P.registry.by_collective()) == {x.name for x in COLLECTIVES}
     for a, alg in c.algos.items():
         full = f"tilescale.{c.name}.{a}"
-        assert builtin.ALGOS[full] == (c.name, alg.run) and builtin.full_name(c.name, a) == full
+        assert builtin.ALGOS[full] == (c.name, alg.run) and tuning.full_name(c.name, a) == full
         assert builtin.default_ranges()[full] == list(alg.ranges)
         assert alg.run.__module__ == c.module and inspect.signature(alg.run).parameters   # in its op file
     routed = getattr(dist, c.torch_name)                              # tilescale.distributed

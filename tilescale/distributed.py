@@ -47,6 +47,7 @@ from .ops.registry import collectives
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
 from .plan import selector as _selector
+from .staged_collectives import DoneWork
 
 log = logging.getLogger("tilescale.distributed")
 
@@ -280,7 +281,7 @@ def _run_staged(collective: str, plan, async_op: bool, out, *args, **kwargs):
     done, work = _launch(collective, plan, async_op and o is out, [out], o, *args, **kwargs)
     if done and o is not out:
         out.copy_(o)
-        work = _DoneWork([out]) if async_op else None
+        work = DoneWork([out]) if async_op else None
     return done, work
 
 
@@ -337,52 +338,7 @@ def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
         return False, None
     _debug(collective, f"{plan.name} ({plan.id})")
     _count(collective, plan.name)
-    return True, (_DoneWork(result) if async_op else None)
-
-
-class _DoneWork(Work):
-    """The work object of a collective that a plan ran, on the stream that was current at the call (or
-    on the host): ``wait()`` makes the now current stream wait for it, like NCCL's work objects."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = list(result)
-        self._event = None
-        if any(t.is_cuda for t in self._result):
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def wait(self, timeout=None) -> bool:
-        self.block_current_stream()
-        return True
-
-    def block_current_stream(self) -> None:
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
-
-    def synchronize(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
-
-    def is_completed(self) -> bool:
-        return self._event is None or self._event.query()
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self) -> list:
-        return self._result
-
-    def get_future(self):
-        """A CUDA-aware future (like NCCL's): its ``wait()`` / ``then()`` order the consuming stream after
-        the collective."""
-        devices = sorted({t.device for t in self._result if t.is_cuda}, key=str)
-        fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
+    return True, (DoneWork(result) if async_op else None)
 
 
 _STAGED_DEVICES = ("cuda",)   # device types staged through the host where no NCCL serves the group

@@ -32,15 +32,6 @@ CONSTRAINTS = {"dtypes": list(DTYPES), "devices": ["cuda"], "needs_runtime": Tru
 ALGOS = {f"tilescale.{c.name}.{a}": (c.name, alg.run) for c in collectives() for a, alg in c.algos.items()}
 
 
-def full_name(collective: str, algo: str, where: str = "algo") -> str:
-    """'one_shot' (of allreduce) -> 'tilescale.allreduce.one_shot'; checks that it exists."""
-    name = algo if algo.startswith("tilescale.") else f"tilescale.{collective}.{algo}"
-    if name not in ALGOS or ALGOS[name][0] != collective:
-        have = [n for n, (c, _) in ALGOS.items() if c == collective]
-        raise ValueError(f"{where}: got {algo!r}, expected a built-in {collective} algorithm: {', '.join(have)}")
-    return name
-
-
 def default_ranges() -> dict[str, list[tuple[int, int]]]:
     """Message ranges of the catalog: each algorithm's default ranges in the registry."""
     return {f"tilescale.{c.name}.{a}": list(alg.ranges) for c in collectives() for a, alg in c.algos.items()}

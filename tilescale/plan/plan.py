@@ -17,7 +17,6 @@ so a change of any of them (the algorithm's source included) gives a new id. The
 """
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import inspect
@@ -29,20 +28,11 @@ from typing import Any, Callable, Mapping
 
 from ..ops.registry import MAX_MSG_SIZE, PlanUnsupportedError  # noqa: F401  (re-exported: tilescale.plan's names)
 from ..ops.registry import canonical as canonical_collective
+from .ids import canonical_json, hash_id
 
 SCHEMA_VERSION = 1
 # Keys of Plan.constraints beyond the message-size range, world size and ranks per node.
 EXTRA_CONSTRAINTS = ("dtypes", "devices", "needs_runtime")
-
-
-def canonical_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def hash_id(payload) -> str:
-    """32 lower-case base32 characters of blake2b(canonical_json(payload))."""
-    digest = hashlib.blake2b(canonical_json(payload).encode(), digest_size=20).digest()
-    return base64.b32encode(digest).decode().lower()[:32]
 
 
 # ------------------------------------------------------------------------------------ source hashing

@@ -19,10 +19,23 @@ import logging
 import re
 from pathlib import Path
 
+from ..ops.registry import find
 from .plan import canonical_collective
 
 TUNING_DIR = Path(__file__).resolve().parent / "tuning"
 log = logging.getLogger("tilescale.plan")
+
+
+def full_name(collective: str, algo: str, where: str = "algo") -> str:
+    """'one_shot' (of allreduce) -> 'tilescale.allreduce.one_shot', the built-in plan's name; checks that
+    the collective has that algorithm (tilescale.ops.registry)."""
+    c = find(collective)
+    prefix = f"tilescale.{collective}."
+    name = algo if algo.startswith("tilescale.") else prefix + algo
+    if c is None or c.name != collective or not name.startswith(prefix) or name.removeprefix(prefix) not in c.algos:
+        have = [prefix + a for a in (c.algos if c is not None and c.name == collective else ())]
+        raise ValueError(f"{where}: got {algo!r}, expected a built-in {collective} algorithm: {', '.join(have)}")
+    return name
 
 
 def normalize_gpu(name: str) -> str:
@@ -33,8 +46,6 @@ def normalize_gpu(name: str) -> str:
 def validate(table, where: str) -> dict:
     """The table in canonical form: {"gpu", "world_size", "collectives": {collective: [(algo, [(lo, hi)])]}};
     a clear ValueError naming `where` and the field when it is malformed."""
-    from .builtin import full_name
-
     if not isinstance(table, dict):
         raise ValueError(f"{where}: got a JSON {type(table).__name__}, expected an object with gpu, world_size, "
                          "collectives")
