@@ -2,8 +2,8 @@
 tuning table (exact shape, nearest M, per-op constraints, fallbacks), the sweep's conversion to a table
 (benchmarks/bench_gemm_configs.py), and that non-default configurations build for sm_90a inside the
 fused kernels and inside the sweep's kernel."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +12,18 @@ from tilescale.ops import allgather_gemm, gemm, gemm_reduce_scatter
 from tilescale.ops.gemm import DEFAULT, GemmConfig, check, gemm_config
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 BIG_M = GemmConfig(256, 128, 64, 3, 256, 4)
 N192 = GemmConfig(128, 192, 64, 4, 256, 10)
 SMALL = GemmConfig(64, 256, 64, 4, 128, 0)
+
+
+def _sweep():
+    """benchmarks/bench_gemm_configs.py, the sweep script (loaded from its file: no sys.path change)."""
+    spec = importlib.util.spec_from_file_location("bench_gemm_configs", REPO / "benchmarks" / "bench_gemm_configs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _args(jobs) -> list:
@@ -155,7 +162,7 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the sweep (bench_gemm_configs.py)
 def test_sweep_candidates_and_problems():
-    import bench_gemm_configs as b
+    b = _sweep()
 
     probs = b.problems()
     assert len(probs) == 2 * (len(b.AG_SHAPES) + len(b.RS_SHAPES))
@@ -176,7 +183,7 @@ def _sweep_row(op, W, M, N, K, ranked):
 
 
 def test_write_tuning_round_trip(tmp_path):
-    import bench_gemm_configs as b
+    b = _sweep()
 
     sweep = {"gpu": "NVIDIA H200", "date": "2026-11-23", "rows": [
         _sweep_row("ag_gemm", 2, 8192, 2048, 8192, [(BIG_M, 400.0), (N192, 410.0), (SMALL, 420.0), (DEFAULT, 450.0)]),
@@ -201,10 +208,10 @@ def test_write_tuning_round_trip(tmp_path):
 def build_jobs() -> dict:
     """The fused kernels with non-default configs and the sweep's kernel, as build_pool jobs (also built
     ahead by tests/prebuild_cpu_tier.py)."""
-    import bench_gemm_configs as b
     import tilescale
     from tilescale.toolchain import stub_libcuda_dir
 
+    b = _sweep()
     [ag] = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
     g, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
     stub = stub_libcuda_dir()

@@ -196,3 +196,23 @@ def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: 
     if why:
         raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
     return cfg
+
+
+def tuning_table(sweep: dict, keep: int = 6) -> dict:
+    """The tuning table (:data:`TUNING_FILE`'s format) of a sweep's JSON (benchmarks/bench_gemm_configs.py):
+    per (op, M, N, K), the configs in order of measured time (at most `keep`, the default config always
+    kept if it was timed, so that a shape never gets something slower than the default); per-W constraints
+    are applied at selection."""
+    entries = {}
+    for r in sweep["rows"]:
+        key = (r["op"], r["M"], r["N"], r["K"])
+        if key in entries or not r["ranked"]:
+            continue   # the same GEMM at another W: the ranking is the same (constraints differ, not times)
+        ranked = r["ranked"]
+        top = ranked[:keep] + [x for x in ranked[keep:] if x["config"] == DEFAULT.to_dict()]
+        entries[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], configs=[x["config"] for x in top],
+                            tflops=[round(x["tflops"], 1) for x in top], cublas_tflops=round(r["cublas_tflops"], 1))
+    # configs that did not fit some W (e.g. block_m 256 when M / W is not a multiple) stay listed: the
+    # selection skips them for that W and takes the next one
+    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {sweep.get('gpu', '?')}, "
+                                 f"{sweep.get('date', '?')}", entries=list(entries.values()))
