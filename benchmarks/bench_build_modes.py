@@ -2,7 +2,8 @@
 
     GPUS=1 bash launch.sh benchmarks/bench_build_modes.py [--size 8192] [--json out.json]
 
-Variants (bf16 C = A @ B, tiles 128x256x64, 3 stages: tilelang makes it TMA + wgmma, warp-specialised):
+Variants (bf16 C = A @ B with the fused ops' tile loop, tilescale/ops/gemm.py: tiles 128x256x64, 3 stages;
+tilelang makes it TMA + wgmma, warp-specialised):
   tilelang      @tilelang.jit (tvm_ffi backend)
   tilescale     @tilescale.jit, no distributed op -> resolver keeps tvm_ffi (must equal tilelang)
   inlined       @tilescale.jit + one thread calls T.quiet() after the epilogue -> cython + NVSHMEM inlined
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
+from tilescale.ops.gemm import tile_buffers, tile_loop  # noqa: E402
 from timing import time_op  # noqa: E402
 
 
@@ -29,21 +31,10 @@ def gemm_func(M, N, K, with_quiet, BM=128, BN=256, BK=64, stages=3):
     @T.prim_func
     def gemm(A: T.Tensor((M, K), T.bfloat16), B: T.Tensor((K, N), T.bfloat16), C: T.Tensor((M, N), T.bfloat16)):
         with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=256) as (bx, by):
-            As = T.alloc_shared((BM, BK), T.bfloat16)
-            Bs = T.alloc_shared((BK, BN), T.bfloat16)
-            Cl = T.alloc_fragment((BM, BN), T.float32)
-            Cs = T.alloc_shared((BM, BN), T.bfloat16)
-            tx = T.get_thread_binding()
-            T.use_swizzle(panel_size=10)
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, BK), num_stages=stages):
-                T.copy(A[by * BM, ko * BK], As)
-                T.copy(B[ko * BK, bx * BN], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, Cs)
-            T.copy(Cs, C[by * BM, bx * BN])
+            As, Bs, Cl, Cs = tile_buffers(BM, BN, BK, T.bfloat16, 10)
+            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
             if with_quiet:
-                if tx == 0:
+                if T.get_thread_binding() == 0:
                     T.quiet()
 
     return gemm

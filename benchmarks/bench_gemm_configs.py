@@ -6,7 +6,7 @@
     python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
 
-The kernel is the tile loop of tilescale/ops/ag_gemm.py and gemm_rs.py without waits or counts: TMA loads
+The kernel is the fused ops' tile loop (tilescale/ops/gemm.py) without waits or counts: TMA loads
 of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global (TMA
 store, as in AG+GEMM; plain vector stores by every thread, as in GEMM+RS: `epilogue`). M, N and K are
 run-time sizes, so one build per configuration serves every shape; all builds run in parallel threads.
@@ -17,7 +17,7 @@ AG+GEMM (M, K) x (K, N) with the full M (the same GEMM for every W; W only limit
 events: warm-up, then `--reps` rounds that time every candidate of the shape in turn (round-robin, so
 clocks and heat hit all alike); the median round counts. L2 is not flushed (the same for every candidate
 and for cuBLAS). Prints one table row per (op, W, shape) and writes JSON with every timing and the best
-configuration per shape; --write-tuning turns that JSON into tilescale's tuning table (tilescale/ops/gemm.py).
+configuration per shape; --write-tuning turns that JSON into tilescale's tuning table (tilescale.ops.gemm.tuning_table).
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
-from tilescale.ops.gemm import DEFAULT, GemmConfig, check  # noqa: E402
+from tilescale.ops.gemm import DEFAULT, GemmConfig, check, tile_buffers, tile_loop, tuning_table  # noqa: E402
 
 SMS = 132
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
@@ -93,25 +93,13 @@ def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: 
                 epilogue: str = "tma", dtype: str = "bfloat16"):
     """C = A @ B with the fused kernels' tile loop; M, N, K are run-time sizes."""
     M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
+    disable_tma = epilogue != "tma"     # "stores": plain vector stores by every thread, as in GEMM+RS
 
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(A[by * block_m, ko * block_k], As)
-                T.copy(B[ko * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, Cs)
-            if epilogue == "tma":
-                T.copy(Cs, C[by * block_m, bx * block_n])
-            else:
-                T.copy(Cs, C[by * block_m, bx * block_n], disable_tma=True)
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, disable_tma)
 
     return gemm
 
@@ -291,25 +279,6 @@ def print_table(title, header, rows) -> None:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells:
         print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
-
-
-def tuning_table(sweep: dict, keep: int = 6) -> dict:
-    """The tuning table of tilescale/ops/gemm.py from a sweep's JSON: per (op, M, N, K), the configs in
-    order of measured time (at most `keep`, the default config always kept if it was timed, so that a
-    shape never gets something slower than the default); per-W constraints are applied at selection."""
-    entries = {}
-    for r in sweep["rows"]:
-        key = (r["op"], r["M"], r["N"], r["K"])
-        if key in entries or not r["ranked"]:
-            continue   # the same GEMM at another W: the ranking is the same (constraints differ, not times)
-        ranked = r["ranked"]
-        top = ranked[:keep] + [x for x in ranked[keep:] if x["config"] == DEFAULT.to_dict()]
-        entries[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], configs=[x["config"] for x in top],
-                            tflops=[round(x["tflops"], 1) for x in top], cublas_tflops=round(r["cublas_tflops"], 1))
-    # configs that did not fit some W (e.g. block_m 256 when M / W is not a multiple) stay listed: the
-    # selection skips them for that W and takes the next one
-    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {sweep.get('gpu', '?')}, "
-                                 f"{sweep.get('date', '?')}", entries=list(entries.values()))
 
 
 def dry_run() -> None:

@@ -178,10 +178,10 @@ def plot_timeline(trace: dict, path: str, call: int = -1) -> str:
 
 # ------------------------------------------------------------------------------------------ the run
 def _jobs(M, K, N, W):
-    from tilescale.ops.ag_gemm import ag_gemm_kernel, kernel_args
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel, kernels
     from tilescale.profiler.device_timeline import stamp_kernel_jit
 
-    args = kernel_args(M, N, K, W, "bfloat16")
+    [(_, args)] = kernels(M, N, K, W, "bfloat16")
     bound = ag_gemm_kernel.signature.bind(*args)   # the same kernel with profile=True, as positional args
     bound.apply_defaults()
     bound.arguments["profile"] = True
@@ -244,7 +244,7 @@ def run(info, a) -> None:
     import tilescale.profiler as tp
     from tilescale import staged_collectives
     from tilescale.ops import prebuild
-    from tilescale.ops.ag_gemm import AGGemm
+    from tilescale.ops.allgather_gemm import AGGemm
     from tilescale.ops.allgather import AllGather
     from timing import environment, print_table, time_op, write_json
 

@@ -69,12 +69,6 @@ DEVICE = "cuda"
 
 
 # ----------------------------------------------------------------------------------------------- plan
-def gemm_rs_module():
-    import importlib
-
-    return importlib.import_module("tilescale.ops.gemm_rs")   # tilescale.ops.gemm_rs is the function
-
-
 def collective_shapes(W: int, elems: int) -> dict:
     """The shape each collective of the soak is built for, `elems` elements per rank."""
     return {"all_gather": (max(1, elems // AG_COLS), AG_COLS), "all_reduce": (elems,),
@@ -125,11 +119,9 @@ def a2a_capacity(matrix) -> int:
 
 def jobs(world_size: int, sms: int, args) -> list:
     """(jit function, args) of every kernel this soak builds at `world_size` on a GPU of `sms` SMs."""
-    from tilescale.ops import all_to_all, allgather, allreduce, prebuild, reduce_scatter
-    from tilescale.ops.ag_gemm import ag_gemm_kernel, kernel_args as ag_args
-    from tilescale.ops.broadcast import kernel_for as bc_kernel_for
+    from tilescale.ops import (all_to_all, allgather, allgather_gemm, allreduce, broadcast_from_root,
+                               gemm_reduce_scatter, prebuild, reduce_scatter)
 
-    grs = gemm_rs_module()
     W, dt = world_size, args.dtype
     es = 4 if dt == "float32" else 2
     shp = collective_shapes(W, args.elems)
@@ -137,10 +129,9 @@ def jobs(world_size: int, sms: int, args) -> list:
     ops = set(args.ops)
     M, N, K = args.gemm_shape
     if "gemm_rs" in ops:
-        g, r = grs.kernel_args(M, N, K, W, dt, GEMM_RS_REDUCE_BLOCKS)     # K: GemmRS's K per rank
-        out += [(grs.gemm_rs_gemm_kernel, g), (grs.gemm_rs_reduce_kernel, r)]
+        out += gemm_reduce_scatter.kernels(M, N, K, W, dt, GEMM_RS_REDUCE_BLOCKS)     # K: GemmRS's K per rank
     if "ag_gemm" in ops:
-        out.append((ag_gemm_kernel, ag_args(M, N, K, W, dt)))
+        out += allgather_gemm.kernels(M, N, K, W, dt)
     ag_bytes, ar, rs, a2a, bc = [], [], [], [], []
     if "all_gather" in ops:
         ag_bytes.append(math.prod(shp["all_gather"]) * es)
@@ -170,10 +161,10 @@ def jobs(world_size: int, sms: int, args) -> list:
             else:
                 a2a.append(a2a_capacity(extra) * p * es)
     out += [(allgather.allgather_kernel, (W, allgather.default_blocks_per_peer(nb, W), dt, 512)) for nb in ag_bytes]
-    out += [allreduce.kernel_for(algo, nb, W, dt, sms) for algo, nb in ar]
-    out += [reduce_scatter.kernel_for(nb, W, dt, sms) for nb in rs]
-    out += [all_to_all.kernel_for(nb, W, sms) for nb in a2a]
-    out += [bc_kernel_for(nb, W, sms) for nb in bc]
+    out += [job for algo, nb in ar for job in allreduce.kernels(nb, W, dt, sms, algo)]
+    out += [job for nb in rs for job in reduce_scatter.kernels(nb, W, dt, sms)]
+    out += [job for nb in a2a for job in all_to_all.kernels(nb, W, None, sms)]
+    out += [job for nb in bc for job in broadcast_from_root.kernels(nb, W, None, sms)]
     return prebuild.unique(out)
 
 

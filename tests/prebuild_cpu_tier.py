@@ -90,7 +90,7 @@ def profiler_ag_gemm():
     from test_profiler import AG_ARGS
 
     from tilescale.env import setting
-    from tilescale.ops.ag_gemm import ag_gemm_kernel as fn
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel as fn
 
     timeout = setting("TILESCALE_WAIT_TIMEOUT_S").default()   # its test clears the variable: the default bound
     return [_build(fn.get_tir(*AG_ARGS, profile=True), target=SM90, pass_configs=fn.pass_configs,
@@ -148,13 +148,13 @@ GROUPS = (
     (["examples/distributed/example_allgather.py::test_allgather_compiles_for_sm90"],
      example("allgather", "allgather_kernel", 4, 8, "float16")),
     (["examples/distributed/example_allgather_gemm.py::test_ag_gemm_compiles_for_sm90"],
-     example("ag_gemm", "ag_gemm_kernel", 1024, 512, 512, 4, 2, "float16")),
+     example("allgather_gemm", "ag_gemm_kernel", 1024, 512, 512, 4, 2, "float16")),
     (["examples/distributed/example_allreduce.py::test_allreduce_compiles_for_sm90"],
      example("allreduce", "allreduce_two_shot_kernel", 4, 32, "float16")),
     (["examples/distributed/example_broadcast.py::test_broadcast_compiles_for_sm90"],
-     example("broadcast", "broadcast_kernel", 4, 32)),
+     example("broadcast_from_root", "broadcast_kernel", 4, 32)),
     (["examples/distributed/example_gemm_reducescatter.py::test_gemm_rs_compiles_for_sm90"],
-     example("gemm_rs", "gemm_rs_reduce_kernel", 1024, 512, 4, 512, 8, "float16")),
+     example("gemm_reduce_scatter", "gemm_rs_reduce_kernel", 1024, 512, 4, 512, 8, "float16")),
     (["examples/distributed/example_reduce_scatter.py::test_reduce_scatter_compiles_for_sm90"],
      example("reduce_scatter", "reduce_scatter_kernel", 8, 64, "float32")),
     (["examples/distributed/example_ring_put.py::test_ring_put_compiles_for_sm90"], ring_put_example),

@@ -3,20 +3,16 @@ compiles and links for sm_90a, its source makes the expected tilescale:: calls (
 signal), the pure-Python planning (block tables, split tables, tuning ranges) is right, and bad arguments
 raise clear errors before anything collective happens. Their GPU tests are the examples
 (examples/distributed/example_{allreduce,reduce_scatter,all_to_all,broadcast}.py, marker multigpu)."""
-import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 torch = pytest.importorskip("torch")
 
 from tilescale.errors import CollectiveMismatchError  # noqa: E402
-from tilescale.ops import all_to_all, allreduce, prebuild, reduce_scatter, vectors  # noqa: E402
-
-broadcast = importlib.import_module("tilescale.ops.broadcast")  # the module: tilescale.ops.broadcast is the function
+from tilescale.ops import all_to_all, allreduce, checks, prebuild, reduce_scatter, vectors  # noqa: E402
+from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 
 
 def _calls(source: str) -> set[str]:
@@ -69,15 +65,15 @@ def test_blocks_tables_and_co_residency():
     sms = 132
     for nb in (1, 1 << 10, 1 << 20, 1 << 24, 1 << 28, 1 << 33):
         for W in (2, 4, 8):
-            _, (ws, b, *_) = allreduce.kernel_for("one_shot", nb, W, "bfloat16", sms)
+            [(_, (ws, b, *_))] = allreduce.kernels(nb, W, "bfloat16", sms, "one_shot")
             assert ws == W and 1 <= b <= sms
-            _, (_, b2, *_) = allreduce.kernel_for("two_shot", nb, W, "bfloat16", sms)
+            [(_, (_, b2, *_))] = allreduce.kernels(nb, W, "bfloat16", sms, "two_shot")
             assert 1 <= b2 <= sms                         # one wave
-            _, (_, b3, *_) = reduce_scatter.kernel_for(nb, W, "bfloat16", sms)
+            [(_, (_, b3, *_))] = reduce_scatter.kernels(nb, W, "bfloat16", sms)
             assert 1 <= b3 <= sms
-            _, (_, bpp, _) = all_to_all.kernel_for(nb, W, sms)
+            [(_, (_, bpp, _))] = all_to_all.kernels(nb, W, None, sms)
             assert W <= bpp and bpp * W <= max(sms, W * W)  # blocks (b < W, 0) do the final waits
-            _, (_, b4, _) = broadcast.kernel_for(nb, W, sms)
+            [(_, (_, b4, _))] = broadcast.kernels(nb, W, None, sms)
             assert 1 <= b4 <= sms
     assert vectors.blocks_for(1 << 30, ((10, 4), (1 << 62, 500)), 132) == 132
     assert vectors.blocks_for(5, ((10, 4), (1 << 62, 500)), 132) == 4
@@ -167,8 +163,7 @@ def test_functions_reject_bad_arguments_before_any_collective():
         allreduce.all_reduce(cpu, op="max")
     with pytest.raises(ValueError, match=r"all_reduce: algo: got 'ring'"):
         allreduce.all_reduce(cpu, algo="ring")
-    with pytest.raises(ValueError, match=r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, "
-                                         r"expected a CUDA tensor"):
+    with pytest.raises(ValueError, match=r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, expected a CUDA tensor"):
         allreduce.all_reduce(cpu)
     with pytest.raises(ValueError, match=r"reduce_scatter_tensor: op: got 'avg'"):
         reduce_scatter.reduce_scatter_tensor(cpu, cpu, op="avg")
@@ -180,9 +175,9 @@ def test_functions_reject_bad_arguments_before_any_collective():
         all_to_all.all_to_all_single(cpu, cpu)
     import torch.distributed as dist
 
-    reduce_scatter.check_op("f", dist.ReduceOp.SUM)
+    checks.check_op("f", dist.ReduceOp.SUM)
     with pytest.raises(ValueError, match="op: got"):
-        reduce_scatter.check_op("f", dist.ReduceOp.MAX)
+        checks.check_op("f", dist.ReduceOp.MAX)
 
 
 class _FakeRuntime:
@@ -265,37 +260,29 @@ def test_prebuild_collective_jobs_match_what_the_ops_build():
     keys = {(getattr(fn, "func", fn).__name__ if hasattr(fn, "func") else str(fn), args) for fn, args in jobs}
     assert len(keys) == len(jobs)                      # no duplicates
     for algo in ("one_shot", "two_shot"):
-        fn, args = allreduce.kernel_for(algo, 256 << 20, 2, "float32", 132)
+        [(fn, args)] = allreduce.kernels(256 << 20, 2, "float32", 132, algo)
         assert any(f is fn and a == args for f, a in jobs)
-    fn, args = broadcast.kernel_for(1 << 10, 2, 132)
+    [(fn, args)] = broadcast.kernels(1 << 10, 2, None, 132)
     assert any(f is fn and a == args for f, a in jobs)
 
 
-def _bench():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_collectives
+def test_tuning_table_from_measurements():
+    from tilescale.plan import tuning
 
-    return bench_collectives
-
-
-def test_bench_win_ranges_and_tuning_table():
-    b = _bench()
-    rows = [dict(collective="reduce_scatter", bytes=1 << k, speedup=s, tilescale_us=1.0)
-            for k, s in zip(range(10, 22, 2), (0.9, 1.05, 1.2, 1.01, 1.5, 1.04), strict=False)]
-    assert b.win_ranges(rows) == [[1 << 12, 1 << 14], [1 << 18, 1 << 20]]
-    assert b.win_ranges([]) == []
-    one = [dict(collective="all_reduce_one_shot", bytes=1 << k, speedup=s, tilescale_us=t)
+    rows = [dict(collective="reduce_scatter", algo="direct", bytes=1 << k, speedup=s, tilescale_us=1.0)
+            for k, s in zip(range(10, 22, 2), (0.9, 1.05, 1.2, 1.01, 1.5, 1.04), strict=True)]
+    assert tuning.win_ranges(rows) == [[1 << 12, 1 << 14], [1 << 18, 1 << 20]]
+    assert tuning.win_ranges([]) == []
+    one = [dict(collective="allreduce", algo="one_shot", bytes=1 << k, speedup=s, tilescale_us=t)
            for k, s, t in ((10, 2.0, 10.0), (12, 2.0, 10.0), (14, 0.5, 50.0))]
-    two = [dict(collective="all_reduce_two_shot", bytes=1 << k, speedup=s, tilescale_us=t)
+    two = [dict(collective="allreduce", algo="two_shot", bytes=1 << k, speedup=s, tilescale_us=t)
            for k, s, t in ((10, 1.0, 20.0), (12, 1.0, 20.0), (14, 1.1, 20.0))]
-    t = b.tuning_table(rows + one + two, "NVIDIA H200", 2)
+    t = tuning.table(rows + one + two, "NVIDIA H200", 2)
     assert t["gpu"] == "NVIDIA H200" and t["world_size"] == 2
     assert t["collectives"]["reduce_scatter"] == {"algo": "direct",
                                                   "ranges": [[1 << 12, 1 << 14], [1 << 18, 1 << 20]]}
     assert t["collectives"]["allreduce"] == [{"algo": "one_shot", "ranges": [[1 << 10, 1 << 12]]},
                                              {"algo": "two_shot", "ranges": [[1 << 14, 1 << 14]]}]
-    from tilescale.plan import tuning  # the plan selector accepts it
-
-    canon = tuning.validate(t, "bench_collectives")
+    canon = tuning.validate(t, "bench_collectives")   # the plan selector accepts it
     assert canon["collectives"]["allreduce"] == [("tilescale.allreduce.one_shot", [(1 << 10, 1 << 12)]),
                                                  ("tilescale.allreduce.two_shot", [(1 << 14, 1 << 14)])]

@@ -45,7 +45,13 @@ names = ["ReduceOp", "get_rank", "get_world_size", "all_gather", "gather", "scat
          "split_group", "is_initialized", "Work", "P2POp", "send", "recv", "isend", "irecv", "all_gather_object",
          "broadcast_object_list", "get_process_group_ranks", "GroupMember", "group", "distributed_c10d",
          "Backend", "monitored_barrier", "reduce", "all_to_all", "batch_isend_irecv"]
-out["same_objects"] = [n for n in names if getattr(dist, n) is not getattr(td, n)]
+# the collectives tilescale registers are tilescale's (torch's parameters, plus plan= and hints=); the rest torch's
+import inspect
+from tilescale.ops import registry
+routed = {c.torch_name for c in registry.collectives()}
+out["same_objects"] = [n for n in names if n not in routed and getattr(dist, n) is not getattr(td, n)]
+out["routed"] = [getattr(dist, n) is not getattr(td, n) and list(inspect.signature(getattr(dist, n)).parameters)
+                 == [*inspect.signature(getattr(td, n)).parameters, "plan", "hints"] for n in sorted(routed)]
 out["rank"] = (dist.get_rank(), dist.get_world_size())
 x = data(10 + rank, 6, 5)
 everyone = [data(10 + r, 6, 5) for r in range(W)]
@@ -275,11 +281,12 @@ print("RESULT " + json.dumps(out), flush=True)
 
 BUILTIN = PRELUDE + r"""
 # The built-in plans' wrappers and the dispatch to them, with the GPU parts faked: a runtime that says
-# it is running, and stand-ins for tilescale.ops' kernels that check what the real ops require (flat,
-# contiguous, op "sum", output shapes) and compute with gloo.
-import types
+# it is running, and stand-ins for tilescale.ops' torch-like functions (which the plans' algorithms call)
+# that check what the real ops require (flat, contiguous, op "sum", output shapes) and compute with gloo.
+import dataclasses, types
 from tilescale import runtime
 import tilescale.plan as P
+from tilescale.ops import all_to_all as a2a_mod, allgather, allreduce, broadcast_from_root, reduce_scatter, registry
 from tilescale.plan import builtin
 dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=W, use_tilescale=True)
 runtime.is_initialized = lambda: True
@@ -321,15 +328,17 @@ def broadcast(tensor, src):
     td.broadcast(tensor, src=src)
     return tensor
 
-fake = {"allreduce": dict(all_reduce=all_reduce, ONE_SHOT_MAX_BYTES=64),
-        "reduce_scatter": dict(reduce_scatter_tensor=reduce_scatter_tensor),
-        "allgather": dict(all_gather_into_tensor=all_gather_into_tensor),
-        "all_to_all": dict(all_to_all_single=all_to_all_single), "broadcast": dict(broadcast=broadcast)}
-sys.modules["tilescale.ops"] = types.ModuleType("tilescale.ops")
-for name, attrs in fake.items():
-    m = types.ModuleType("tilescale.ops." + name)
-    m.__dict__.update(attrs)
-    sys.modules[m.__name__] = m
+fake = {allreduce: dict(all_reduce=all_reduce), reduce_scatter: dict(reduce_scatter_tensor=reduce_scatter_tensor),
+        allgather: dict(all_gather_into_tensor=all_gather_into_tensor),
+        a2a_mod: dict(all_to_all_single=all_to_all_single), broadcast_from_root: dict(broadcast=broadcast)}
+for m, attrs in fake.items():
+    for name, fn in attrs.items():
+        setattr(m, name, fn)
+# the catalog's one-shot / two-shot split at 64 bytes instead of ONE_SHOT_MAX_BYTES (the same module re-registers)
+ar = registry.find("allreduce")
+split = {"one_shot": ((0, 64),), "two_shot": ((65, registry.MAX_MSG_SIZE),)}
+registry.collective(**{**{f.name: getattr(ar, f.name) for f in dataclasses.fields(ar)},
+                       "algos": {a: dataclasses.replace(alg, ranges=split[a]) for a, alg in ar.algos.items()}})
 
 dist.set_hints({"prefer": "tilescale"})
 x = data(30 + rank, 8, 6)                     # 192 bytes: above the fake one-shot limit

@@ -2,28 +2,32 @@
 tuning table (exact shape, nearest M, per-op constraints, fallbacks), the sweep's conversion to a table
 (benchmarks/bench_gemm_configs.py), and that non-default configurations build for sm_90a inside the
 fused kernels and inside the sweep's kernel."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tilescale.ops import gemm
+from tilescale.ops import allgather_gemm, gemm, gemm_reduce_scatter
 from tilescale.ops.gemm import DEFAULT, GemmConfig, check, gemm_config
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 BIG_M = GemmConfig(256, 128, 64, 3, 256, 4)
 N192 = GemmConfig(128, 192, 64, 4, 256, 10)
 SMALL = GemmConfig(64, 256, 64, 4, 128, 0)
 
 
-def _fused_modules():
-    import importlib
+def _sweep():
+    """benchmarks/bench_gemm_configs.py, the sweep script (loaded from its file: no sys.path change)."""
+    spec = importlib.util.spec_from_file_location("bench_gemm_configs", REPO / "benchmarks" / "bench_gemm_configs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
-    # tilescale.ops re-exports functions named like these modules: import the modules themselves
-    return importlib.import_module("tilescale.ops.ag_gemm"), importlib.import_module("tilescale.ops.gemm_rs")
+
+def _args(jobs) -> list:
+    return [args for _, args in jobs]
 
 
 def write_table(path: Path, entries) -> Path:
@@ -137,28 +141,28 @@ def test_shipped_table_is_valid_or_absent(monkeypatch, tmp_path):
 
 
 def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
-    ag_gemm, gemm_rs = _fused_modules()
+    ag_gemm, gemm_rs = allgather_gemm, gemm_reduce_scatter
 
     t = write_table(tmp_path / "t.json", [("ag_gemm", 8192, 2048, 8192, [BIG_M]),
                                           ("gemm_rs", 8192, 8192, 4096, [SMALL])])
     monkeypatch.setattr(gemm, "TUNING_FILE", t)
-    args = ag_gemm.kernel_args(8192, 2048, 8192, 2, "bfloat16")
+    [args] = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))
     assert args[6:] == (256, 128, 64, 3, 256, 4)
-    g, r = gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16")
+    g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
     assert r[3] == 128 * (8192 // 256)   # completion count per row block: consumer threads x column tiles
     assert r[6:] == (64, 256)             # the reduction's row block follows block_m
-    g, r = gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16", config=BIG_M)
+    g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=BIG_M))
     assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
     with pytest.raises(ValueError, match="config: .*block_n=192"):
-        gemm_rs.kernel_args(8192, 8192, 4096, 2, "bfloat16", config=N192)
+        gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=N192)
     with pytest.raises(ValueError, match="M: got 4096"):
-        ag_gemm.kernel_args(4096, 2048, 8192, 32, "bfloat16", config=BIG_M)
+        ag_gemm.kernels(4096, 2048, 8192, 32, "bfloat16", config=BIG_M)
 
 
 # ------------------------------------------------------------------ the sweep (bench_gemm_configs.py)
 def test_sweep_candidates_and_problems():
-    import bench_gemm_configs as b
+    b = _sweep()
 
     probs = b.problems()
     assert len(probs) == 2 * (len(b.AG_SHAPES) + len(b.RS_SHAPES))
@@ -179,7 +183,7 @@ def _sweep_row(op, W, M, N, K, ranked):
 
 
 def test_write_tuning_round_trip(tmp_path):
-    import bench_gemm_configs as b
+    b = _sweep()
 
     sweep = {"gpu": "NVIDIA H200", "date": "2026-11-23", "rows": [
         _sweep_row("ag_gemm", 2, 8192, 2048, 8192, [(BIG_M, 400.0), (N192, 410.0), (SMALL, 420.0), (DEFAULT, 450.0)]),
@@ -204,20 +208,18 @@ def test_write_tuning_round_trip(tmp_path):
 def build_jobs() -> dict:
     """The fused kernels with non-default configs and the sweep's kernel, as build_pool jobs (also built
     ahead by tests/prebuild_cpu_tier.py)."""
-    import bench_gemm_configs as b
-
     import tilescale
     from tilescale.toolchain import stub_libcuda_dir
 
-    ag_gemm, gemm_rs = _fused_modules()
-    a = ag_gemm.kernel_args(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
-    g, red = gemm_rs.kernel_args(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
+    b = _sweep()
+    [ag] = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
+    g, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
     return {
-        "ag_gemm": (ag_gemm.ag_gemm_kernel, a),
-        "gemm_rs": (gemm_rs.gemm_rs_gemm_kernel, g),
-        "gemm_rs_reduce": (gemm_rs.gemm_rs_reduce_kernel, red),
+        "ag_gemm": ag,
+        "gemm_rs": g,
+        "gemm_rs_reduce": red,
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
     }
 

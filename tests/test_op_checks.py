@@ -3,20 +3,16 @@ the helpers' messages, construction-time checks of every op (and symm.empty), ca
 anything is launched), the agreement of check results across ranks (a fake runtime plays the other ranks),
 signature caching (an agreed signature is not exchanged again) and the stream rule. The same checks on
 real GPUs and ranks: tests/gpu/bad_input_main.py."""
-import importlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from tilescale import errors, runtime, symm  # noqa: E402
 from tilescale.errors import CollectiveMismatchError, OpArgumentError, OpArgumentTypeError  # noqa: E402
-from tilescale.ops import all_to_all, allgather, allreduce, checks, reduce_scatter, vectors  # noqa: E402
-
-# the modules (tilescale.ops.ag_gemm, .gemm_rs and .broadcast are the functions)
-ag_gemm = importlib.import_module("tilescale.ops.ag_gemm")
-gemm_rs = importlib.import_module("tilescale.ops.gemm_rs")
-broadcast = importlib.import_module("tilescale.ops.broadcast")
+from tilescale.ops import all_to_all, allgather, allreduce, base, checks, reduce_scatter, vectors  # noqa: E402
+from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
+from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
+from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
 CPU = torch.device("cpu")
 
 
@@ -352,8 +348,7 @@ def _launch(*a, **k):
 
 def _op(cls, monkeypatch, **attrs):
     """An op object without buffers or kernels (no GPU): its call checks run, its launch raises Launched."""
-    mod = importlib.import_module(cls.__module__)
-    monkeypatch.setattr(mod, "refuse_graph_capture", lambda op: None)
+    monkeypatch.setattr(base, "refuse_graph_capture", lambda op: None)   # Op.begin's
     op = object.__new__(cls)
     op.device = CPU
     op._check = checks.CallCheck(cls.__name__)

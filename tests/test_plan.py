@@ -559,10 +559,10 @@ def test_tuned_plans_serve_only_their_measured_ranges(plan_dir, tmp_path, monkey
 
 
 def test_builtin_names():
-    assert builtin.full_name("allreduce", "one_shot") == "tilescale.allreduce.one_shot"
-    assert builtin.full_name("broadcast", "tilescale.broadcast.pull") == "tilescale.broadcast.pull"
+    assert tuning.full_name("allreduce", "one_shot") == "tilescale.allreduce.one_shot"
+    assert tuning.full_name("broadcast", "tilescale.broadcast.pull") == "tilescale.broadcast.pull"
     with pytest.raises(ValueError, match="expected a built-in allgather algorithm: tilescale.allgather.push"):
-        builtin.full_name("allgather", "one_shot")
+        tuning.full_name("allgather", "one_shot")
     assert {c for c, _ in builtin.ALGOS.values()} == set(P.COLLECTIVES)
 
 

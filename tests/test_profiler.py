@@ -720,7 +720,7 @@ def _normalised(src: str) -> str:
 
     # wait-site ids hash the kernel's file:line, which moves with any edit above the wait
     for site, loc in WAIT_SITES.items():
-        if os.path.basename(loc.rpartition(":")[0]) == "ag_gemm.py":
+        if os.path.basename(loc.rpartition(":")[0]) == "allgather_gemm.py":
             src = re.sub(rf"\b{site}\b", "<site>", src)
     return src
 
@@ -729,7 +729,7 @@ def test_ag_gemm_without_timestamps_is_unchanged(build_env):
     """profile=False generates, character for character, the source of the kernel before the option
     existed (tests/golden/profiler/ag_gemm_profile_off.cu; UPDATE_GOLDEN=1 rewrites it)."""
     from tilescale.compiler import lower_source
-    from tilescale.ops.ag_gemm import ag_gemm_kernel
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel
 
     got = _normalised(lower_source(ag_gemm_kernel.get_tir(*AG_ARGS), target=SM90, build_mode="inlined"))
     assert got == _normalised(lower_source(ag_gemm_kernel.get_tir(*AG_ARGS, profile=False), target=SM90,
@@ -749,7 +749,7 @@ def test_ag_gemm_without_timestamps_is_unchanged(build_env):
 def test_ag_gemm_with_timestamps_compiles(build_env, tmp_path, monkeypatch):
     import tempfile
 
-    from tilescale.ops.ag_gemm import ag_gemm_kernel
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     r = ag_gemm_kernel.build(*AG_ARGS, profile=True, target=SM90)

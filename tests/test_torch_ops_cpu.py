@@ -27,8 +27,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from tilescale import runtime  # noqa: E402
 from tilescale.ops import checks, torch_ops  # noqa: E402
 
-ag_gemm_mod = importlib.import_module("tilescale.ops.ag_gemm")
-gemm_rs_mod = importlib.import_module("tilescale.ops.gemm_rs")
+ag_gemm_mod = importlib.import_module("tilescale.ops.allgather_gemm")
+gemm_rs_mod = importlib.import_module("tilescale.ops.gemm_reduce_scatter")
 ops = torch.ops.tilescale
 
 

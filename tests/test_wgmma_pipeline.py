@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 BUILD = textwrap.dedent("""
     import tilescale
-    from tilescale.ops.ag_gemm import ag_gemm_kernel, kernel_args
-    pf = ag_gemm_kernel.get_tir(*kernel_args(2048, 2048, 1024, 2, "bfloat16"))
+    from tilescale.ops.allgather_gemm import kernels
+    [(ag_gemm_kernel, args)] = kernels(2048, 2048, 1024, 2, "bfloat16")
+    pf = ag_gemm_kernel.get_tir(*args)
     tilescale.build(pf, compile_flags=["-Xptxas=-v"], wait_timeout_s=30)
 """)
 

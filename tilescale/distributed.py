@@ -8,8 +8,9 @@
     work = dist.reduce_scatter_tensor(y, z, async_op=True); work.wait()
 
 Every public name of torch.distributed is available here (the ones not listed below are torch's own).
-With ``use_tilescale=True``, ``all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``,
-``all_to_all_single`` and ``broadcast`` ask :mod:`tilescale.plan` which plan serves the call
+With ``use_tilescale=True``, the function of every collective that tilescale.ops registers
+(:mod:`tilescale.ops.registry`: ``all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``,
+``all_to_all_single``, ``broadcast``...) asks :mod:`tilescale.plan` which plan serves the call
 (explicit ``plan=`` -> selector -> registered plan whose constraints match -> NCCL; the same on every
 rank, agreed once per distinct call over a gloo group). Built-in plans are registered only where the
 tuning table of this GPU model and world size says they beat NCCL, so by default NCCL serves every
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -41,9 +43,11 @@ import torch.distributed as _td
 
 from . import staged_collectives
 from .errors import SymmetricHeapExhaustedError
+from .ops.registry import collectives
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
 from .plan import selector as _selector
+from .staged_collectives import DoneWork
 
 log = logging.getLogger("tilescale.distributed")
 
@@ -277,7 +281,7 @@ def _run_staged(collective: str, plan, async_op: bool, out, *args, **kwargs):
     done, work = _launch(collective, plan, async_op and o is out, [out], o, *args, **kwargs)
     if done and o is not out:
         out.copy_(o)
-        work = _DoneWork([out]) if async_op else None
+        work = DoneWork([out]) if async_op else None
     return done, work
 
 
@@ -334,52 +338,7 @@ def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
         return False, None
     _debug(collective, f"{plan.name} ({plan.id})")
     _count(collective, plan.name)
-    return True, (_DoneWork(result) if async_op else None)
-
-
-class _DoneWork(Work):
-    """The work object of a collective that a plan ran, on the stream that was current at the call (or
-    on the host): ``wait()`` makes the now current stream wait for it, like NCCL's work objects."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = list(result)
-        self._event = None
-        if any(t.is_cuda for t in self._result):
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    def wait(self, timeout=None) -> bool:
-        self.block_current_stream()
-        return True
-
-    def block_current_stream(self) -> None:
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
-
-    def synchronize(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
-
-    def is_completed(self) -> bool:
-        return self._event is None or self._event.query()
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self) -> list:
-        return self._result
-
-    def get_future(self):
-        """A CUDA-aware future (like NCCL's): its ``wait()`` / ``then()`` order the consuming stream after
-        the collective."""
-        devices = sorted({t.device for t in self._result if t.is_cuda}, key=str)
-        fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
+    return True, (DoneWork(result) if async_op else None)
 
 
 _STAGED_DEVICES = ("cuda",)   # device types staged through the host where no NCCL serves the group
@@ -400,83 +359,47 @@ def _nbytes(t) -> int:
 
 
 # ----------------------------------------------------------------------------------- collectives
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, plan=None, hints=None):
-    """``torch.distributed.all_reduce``, through the plan selector when enabled."""
-    why = _why_not(group, [tensor], op)
-    p = _route("allreduce", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
-    if p is not None:
-        done, work = _run_staged("allreduce", p, async_op, tensor, op="sum")
-        if done:
-            return work
-    return _torch(group, tensor).all_reduce(tensor, op=op, group=group, async_op=async_op)
+def _routed(c):
+    """torch.distributed's function of the collective `c` (a tilescale.ops.registry entry), through the plan
+    selector when enabled: the common checks (:func:`_why_not`), then the collective's own
+    (``c.serve``), the agreed choice (:func:`_route`), the plan run with non-contiguous tensors staged
+    (:func:`_run_staged`), or else torch.distributed (:func:`_torch`) with the caller's arguments."""
+    name = c.torch_name
+    sig = inspect.signature(getattr(_td, name))
+
+    def collective(*args, plan=None, hints=None, **kwargs):
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        tensors = [a[t] for t in c.tensors]
+        if _S.enabled or plan is not None:
+            why = _why_not(a.get("group"), tensors, a.get("op"))
+            call = c.serve(_td.get_world_size(), **a) if why is None else None
+            if isinstance(call, str):
+                why, call = call, None
+            key = None if call is None else (call.out if call.key is None else call.key)
+            p = _route(c.name, key, 0 if call is None else call.msg_bytes, why, plan, hints)
+            if p is not None:
+                done, work = _run_staged(c.name, p, a.get("async_op", False), call.out, *call.args, **call.kwargs)
+                if done:
+                    return work
+        return getattr(_torch(a.get("group"), *tensors), name)(*args, **kwargs)
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"``torch.distributed.{name}``, through the plan selector when enabled."
+    collective.__signature__ = sig.replace(parameters=[
+        *sig.parameters.values(), inspect.Parameter("plan", inspect.Parameter.KEYWORD_ONLY, default=None),
+        inspect.Parameter("hints", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return collective
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, plan=None, hints=None):
-    """``torch.distributed.all_gather_into_tensor``, through the plan selector when enabled."""
-    why = _why_not(group, [output_tensor, input_tensor])
-    if why is None and output_tensor.numel() != _td.get_world_size() * input_tensor.numel():
-        why = "output size is not world_size x input size"
-    p = _route("allgather", input_tensor, _nbytes(output_tensor) if why is None else 0, why, plan, hints)
-    if p is not None:
-        done, work = _run_staged("allgather", p, async_op, output_tensor, input_tensor)
-        if done:
-            return work
-    return _torch(group, output_tensor, input_tensor).all_gather_into_tensor(output_tensor, input_tensor, group=group,
-                                                                            async_op=async_op)
-
-
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
-                          plan=None, hints=None):
-    """``torch.distributed.reduce_scatter_tensor``, through the plan selector when enabled."""
-    why = _why_not(group, [output, input], op)
-    if why is None and input.numel() != _td.get_world_size() * output.numel():
-        why = "input size is not world_size x output size"
-    p = _route("reduce_scatter", input, _nbytes(input) if why is None else 0, why, plan, hints)
-    if p is not None:
-        done, work = _run_staged("reduce_scatter", p, async_op, output, input, op="sum")
-        if done:
-            return work
-    return _torch(group, output, input).reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
-
-
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,  # noqa: A002
-                      async_op=False, *, plan=None, hints=None):
-    """``torch.distributed.all_to_all_single``, through the plan selector when enabled (equal splits
-    only: with split sizes the ranks' message sizes differ, so NCCL serves the call)."""
-    why = _why_not(group, [output, input])
-    if why is None and (output_split_sizes is not None or input_split_sizes is not None):
-        why = "split sizes given"
-    W = _td.get_world_size()
-    if why is None and (output.numel() != input.numel() or input.dim() == 0 or output.dim() == 0
-                        or input.shape[0] % W or output.shape[0] % W):
-        why = "input and output sizes differ, or dim 0 is not divisible by the world size"
-    p = _route("all_to_all", input, _nbytes(input) if why is None else 0, why, plan, hints)
-    if p is not None:
-        done, work = _run_staged("all_to_all", p, async_op, output, input)
-        if done:
-            return work
-    return _torch(group, output, input).all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                                          group=group, async_op=async_op)
-
-
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, plan=None, hints=None):
-    """``torch.distributed.broadcast``, through the plan selector when enabled."""
-    why = _why_not(group, [tensor])
-    root = src if src is not None else group_src
-    if why is None and not (isinstance(root, int) and 0 <= root < _td.get_world_size()):
-        why = f"src {root!r}"
-    p = _route("broadcast", tensor, _nbytes(tensor) if why is None else 0, why, plan, hints)
-    if p is not None:
-        done, work = _run_staged("broadcast", p, async_op, tensor, root)
-        if done:
-            return work
-    kw = {"group_src": group_src} if group_src is not None else {}
-    return _torch(group, tensor).broadcast(tensor, src=src, group=group, async_op=async_op, **kw)
+_ROUTED = tuple(c.torch_name for c in collectives())
+globals().update({c.torch_name: _routed(c) for c in collectives()})
 
 
 # --------------------------------------------------------------------- everything else: torch's
-_OWN = ("init_process_group", "destroy_process_group", "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-        "all_to_all_single", "broadcast", "is_tilescale_enabled", "set_hints", "stats", "reset_stats")
+_OWN = ("init_process_group", "destroy_process_group", *_ROUTED, "is_tilescale_enabled", "set_hints", "stats",
+        "reset_stats")
 
 
 __all__ = sorted(set(_OWN) | {n for n in dir(_td) if not n.startswith("_")})

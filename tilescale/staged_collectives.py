@@ -34,7 +34,7 @@ import torch.distributed as _td
 
 ReduceOp = _td.ReduceOp
 
-__all__ = ["ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
+__all__ = ["DoneWork", "ReduceOp", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier",
            "broadcast", "for_cuda", "needs_staging", "reduce_scatter_tensor"]
 
 
@@ -71,11 +71,55 @@ def _check(tensors) -> None:
 
 
 def _done(async_op: bool, result):
-    if not async_op:
-        return None
-    from .distributed import _DoneWork   # records an event on the current stream after the copies back
+    """The work object of a call made at once (None without `async_op`): it records an event on the current
+    stream after the copies back."""
+    return DoneWork(result) if async_op else None
 
-    return _DoneWork(result)
+
+class DoneWork(_td.Work):
+    """The work object of a collective that already ran, on the stream that was current at the call (or on
+    the host; a staged collective, or a plan of tilescale.distributed): ``wait()`` makes the now current
+    stream wait for it, like NCCL's work objects."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = list(result)
+        self._event = None
+        if any(t.is_cuda for t in self._result):
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self, timeout=None) -> bool:
+        self.block_current_stream()
+        return True
+
+    def block_current_stream(self) -> None:
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+
+    def synchronize(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def get_future(self):
+        """A CUDA-aware future (like NCCL's): its ``wait()`` / ``then()`` order the consuming stream after
+        the collective."""
+        devices = sorted({t.device for t in self._result if t.is_cuda}, key=str)
+        fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

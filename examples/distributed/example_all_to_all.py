@@ -125,9 +125,9 @@ def jobs(world_size: int, sms: int = 132) -> list:
     out = []
     for esize in (2, 4):
         for cols in COLS:
-            out.append(all_to_all.kernel_for(world_size * 40 * cols * esize, world_size, sms))
+            out += all_to_all.kernels(world_size * 40 * cols * esize, world_size, None, sms)
             for cap in (1, 2, 4, 8, 16, 32, 64):
-                out.append(all_to_all.kernel_for(cap * cols * esize, world_size, sms))
+                out += all_to_all.kernels(cap * cols * esize, world_size, None, sms)
     return pb.unique(out)
 
 

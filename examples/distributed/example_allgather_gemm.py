@@ -6,13 +6,13 @@ torch equivalent:
     A = torch.empty(M, K); dist.all_gather_into_tensor(A, A_local); C = A @ B
 GEMM tiles start as soon as the rows they need have arrived (a signal per chunk), own rows first.
 Every rank checks C against torch (A rebuilt from every rank's seed), on random data, output
-poisoned, for bf16 and fp16. Protocol: tilescale/ops/ag_gemm.py.
+poisoned, for bf16 and fp16. Protocol: tilescale/ops/allgather_gemm.py.
 """
 import argparse
 
 import tilescale
 from tilescale import testing
-from tilescale.ops.ag_gemm import ag_gemm_kernel
+from tilescale.ops.allgather_gemm import ag_gemm_kernel
 
 try:
     import pytest

@@ -6,13 +6,13 @@ torch equivalent:  dist.broadcast(x, src)      (x = rank src's x on every rank, 
 For bf16, fp16 and fp32, sizes from one element to a few MiB (odd ones too) and every rank as the root,
 every rank runs several calls back to back (random delays between them) on random data rebuilt from
 the root's seed, with the non-root tensors poisoned (NaN) before, then checks every result exactly, and
-against NCCL. Protocol: tilescale/ops/broadcast.py.
+against NCCL. Protocol: tilescale/ops/broadcast_from_root.py.
 """
 import argparse
 
 from tilescale import testing
 from tilescale.ops import prebuild as pb
-from tilescale.ops.broadcast import Broadcast, broadcast, broadcast_kernel
+from tilescale.ops.broadcast_from_root import Broadcast, broadcast, broadcast_kernel
 
 try:
     import pytest
@@ -80,12 +80,10 @@ def run(info, iters: int = 4) -> None:
 
 
 def jobs(world_size: int, sms: int = 132) -> list:
-    import importlib
+    from tilescale.ops import broadcast_from_root
 
-    b = importlib.import_module("tilescale.ops.broadcast")  # the module (tilescale.ops.broadcast is the function)
-
-    out = [b.kernel_for(n * esize, world_size, sms) for n in (*SIZES, 64 * 33) for esize in (2, 4)]
-    return pb.unique(out)
+    return pb.unique(job for n in (*SIZES, 64 * 33) for esize in (2, 4)
+                     for job in broadcast_from_root.kernels(n * esize, world_size, None, sms))
 
 
 def prebuild(world_size: int) -> None:

@@ -6,13 +6,13 @@ torch equivalent (K is the full inner size; each rank holds K/W of it):
     partial = X_local @ W_local; C_local = torch.empty(M // W, N); dist.reduce_scatter_tensor(C_local, partial)
 The reduction of finished row blocks runs while the GEMM goes on. Every rank checks its C_local
 against torch (partials of every rank rebuilt from their seeds, summed in fp32) and against NCCL,
-on random data, output poisoned, bf16 and fp16. Protocol: tilescale/ops/gemm_rs.py.
+on random data, output poisoned, bf16 and fp16. Protocol: tilescale/ops/gemm_reduce_scatter.py.
 """
 import argparse
 
 import tilescale
 from tilescale import testing
-from tilescale.ops.gemm_rs import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
+from tilescale.ops.gemm_reduce_scatter import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
 
 try:
     import pytest

@@ -215,7 +215,7 @@ def drop_in(rank: int, W: int, rows: int, H: int, Fd: int, device, compile_backe
 def fused_jobs(W: int, rows: int, H: int, Fd: int) -> list:
     """(jit kernel, args) of the fused kernels the block runs (rows padded to whole 128-row tiles)."""
     from tilescale.ops import prebuild
-    from tilescale.ops.ag_gemm import padded_rows
+    from tilescale.ops.gemm import padded_rows
 
     M = W * padded_rows(rows)
     return prebuild.unique(prebuild.ag_gemm_jobs([(M, H, Fd // W)], W) + prebuild.gemm_rs_jobs([(M, Fd, H)], W))
@@ -264,8 +264,8 @@ def main() -> None:
 # ------------------------------------------------------------------------------------------ tests
 def test_tp_layer_kernels_compile_for_sm90():
     """The fused kernels of the block, padded tail shapes, for 2 ranks (compile and link, no GPU)."""
-    from tilescale.ops.ag_gemm import ag_gemm_kernel
-    from tilescale.ops.gemm_rs import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel
+    from tilescale.ops.gemm_reduce_scatter import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
 
     jobs = fused_jobs(2, 200, 512, 1024)
     assert [fn for fn, _ in jobs] == [ag_gemm_kernel, gemm_rs_gemm_kernel, gemm_rs_reduce_kernel]

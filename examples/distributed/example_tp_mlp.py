@@ -184,10 +184,8 @@ def compare(what, got: dict, want: dict, rank, tol: float) -> None:
 def collective_jobs(W: int, T: int, H: int, dtypes=("float32", "bfloat16"), sms: int = 132) -> list:
     """(jit kernel, args) of the tilescale kernels this program launches when tilescale is preferred:
     compiled ahead in parallel (prebuild) instead of one after the other on first use."""
-    import importlib
-
     from tilescale.ops import all_to_all, allgather, allreduce, prebuild, reduce_scatter
-    broadcast = importlib.import_module("tilescale.ops.broadcast")  # the module (tilescale.ops.broadcast is the function)
+    from tilescale.ops import broadcast_from_root as broadcast
     from tilescale.ops.vectors import blocks_for
 
     one, two = allreduce.allreduce_one_shot_kernel, allreduce.allreduce_two_shot_kernel

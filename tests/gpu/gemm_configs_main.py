@@ -19,19 +19,15 @@ def shapes(W: int) -> tuple[int, int, int]:
 
 
 def jobs(W: int) -> list:
-    from tilescale.ops.ag_gemm import ag_gemm_kernel
-    from tilescale.ops.ag_gemm import kernel_args as ag_args
-    from tilescale.ops.gemm_rs import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
-    from tilescale.ops.gemm_rs import kernel_args as rs_args
+    from tilescale.ops import allgather_gemm, gemm_reduce_scatter
 
     M, N, K = shapes(W)
     out = []
     for cfg in CONFIGS:
         if check(cfg, M, N, K, world_size=W, op="ag_gemm") is None:
-            out.append((ag_gemm_kernel, ag_args(M, N, K, W, DTYPE, config=cfg)))
+            out += allgather_gemm.kernels(M, N, K, W, DTYPE, config=cfg)
         if check(cfg, M, N, K // W, world_size=W, op="gemm_rs") is None:
-            g, r = rs_args(M, N, K // W, W, DTYPE, config=cfg)
-            out += [(gemm_rs_gemm_kernel, g), (gemm_rs_reduce_kernel, r)]
+            out += gemm_reduce_scatter.kernels(M, N, K // W, W, DTYPE, config=cfg)
     return out
 
 

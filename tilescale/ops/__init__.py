@@ -1,17 +1,26 @@
 """Kernels built with tilescale, behind torch-like entry points.
 
+One module per op: its configuration, its symmetric buffers and its kernel; the host steps every op shares
+(agreement of the arguments across ranks, buffers, call checks, launch, staging) are in :mod:`.base`. Each
+op module exports a class that owns its buffers (build it once per shape, then call it) and a torch-like
+function that caches one per shape; ``tilescale.ops`` re-exports both (each module's ``__all__``):
+
 ==================================  ===============================================================
 op                                  torch equivalent
 ==================================  ===============================================================
-``all_gather(x)``                   ``torch.cat([x from every rank])`` (``dist.all_gather_into_tensor``)
-``all_gather_into_tensor(out, x)``  ``dist.all_gather_into_tensor(out, x)``
 ``ag_gemm(a_local, b)``             ``all_gather(a_local) @ b``, communication overlapped with the GEMM
 ``gemm_rs(x, w)``                   ``reduce_scatter(x @ w)``, reduction overlapped with the GEMM
-``all_reduce(t)``                   ``dist.all_reduce(t)`` (sum; one-shot below ``ONE_SHOT_MAX_BYTES``, else two-shot)
-``reduce_scatter_tensor(o, i)``     ``dist.reduce_scatter_tensor(o, i)`` (sum)
-``all_to_all_single(o, i, os, is)`` ``dist.all_to_all_single(o, i, os, is)`` (equal or variable splits)
-``broadcast(t, src)``               ``dist.broadcast(t, src)``
+``all_gather(x)``                   ``torch.cat([x from every rank])`` (``dist.all_gather_into_tensor``)
+``all_reduce(t)`` and the other     their ``torch.distributed`` namesakes: ``all_gather_into_tensor``,
+collectives                         ``all_reduce``, ``reduce_scatter_tensor``, ``all_to_all_single``,
+                                    ``broadcast``... (:func:`tilescale.ops.registry.collectives`)
 ==================================  ===============================================================
+
+A module's name differs from the function it exports, so that both are reachable:
+``tilescale.ops.broadcast`` is the function, ``tilescale.ops.broadcast_from_root`` its module;
+``tilescale.ops.ag_gemm`` / ``allgather_gemm``, ``tilescale.ops.gemm_rs`` / ``gemm_reduce_scatter``.
+A collective's module also registers it (:mod:`.registry`), which is all that tilescale.plan,
+tilescale.distributed, the prebuild and the collectives benchmark need to know of it.
 
 The same as torch operators (``torch.ops.tilescale.*``: ``torch.compile(fullgraph=True)`` traces them,
 the fused ones are differentiable): :mod:`tilescale.ops.torch_ops` (registered when it is first imported,
@@ -19,35 +28,39 @@ or at the first use of ``tilescale.ops.torch_ops``); with it, drop-ins for PyTor
 ``tilescale.ops.fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` (``torch.ops.symm_mem``'s
 arguments and results).
 
-``tilescale.ops.broadcast`` is the function; its module is ``sys.modules["tilescale.ops.broadcast"]`` (or
-``from tilescale.ops.broadcast import ...``).
-
-The classes (``AllGather``, ``AGGemm``, ``GemmRS``, ``AllReduce``, ``ReduceScatter``, ``AllToAll``,
-``Broadcast``) own their symmetric buffers: build them once per
-shape (collective) and call them; the functions cache one per shape.
+Importing ``tilescale.ops`` is light; the op modules are imported at the first use of a name.
 """
-from .ag_gemm import AGGemm, ag_gemm
-from .allgather import AllGather, all_gather, all_gather_into_tensor
-from .all_to_all import AllToAll, all_to_all_single
-from .allreduce import ONE_SHOT_MAX_BYTES, AllReduce, all_reduce
-from .broadcast import Broadcast, broadcast
-from .gemm_rs import GemmRS, gemm_rs
-from .reduce_scatter import ReduceScatter, reduce_scatter_tensor
-
-__all__ = ["AllGather", "all_gather", "all_gather_into_tensor", "AGGemm", "ag_gemm", "GemmRS", "gemm_rs",
-           "AllReduce", "all_reduce", "ONE_SHOT_MAX_BYTES", "ReduceScatter", "reduce_scatter_tensor",
-           "AllToAll", "all_to_all_single", "Broadcast", "broadcast", "torch_ops", "fused_all_gather_matmul",
-           "fused_matmul_reduce_scatter"]
+import importlib
+import pkgutil
 
 _LAZY = ("torch_ops", "fused_all_gather_matmul", "fused_matmul_reduce_scatter")
+_MODULES = {m.name for m in pkgutil.iter_modules(__path__)}
+_public: dict = {}
+
+
+def _exports() -> dict:
+    """{name: object} of every op module's ``__all__`` (importing them once)."""
+    if not _public:
+        registry = importlib.import_module(f"{__name__}.registry")
+        _public.update({n: getattr(m, n) for m in registry.modules() for n in getattr(m, "__all__", ())})
+    return _public
 
 
 def __getattr__(name: str):
-    """torch_ops (and its drop-ins) on first use: it registers torch.ops.tilescale.* and imports
-    torch._dynamo, which `import tilescale.ops` alone does not need."""
+    """An op module's public name, a module of the package, or torch_ops (and its drop-ins) on first use:
+    it registers torch.ops.tilescale.* and imports torch._dynamo, which `import tilescale.ops` alone does
+    not need."""
     if name in _LAZY:
-        import importlib
-
         mod = importlib.import_module(".torch_ops", __name__)
         return mod if name == "torch_ops" else getattr(mod, name)
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "__all__":
+        return [*_exports(), *_LAZY]
+    if not name.startswith("_") and name in _exports():
+        return _public[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _MODULES | set(_exports()) | set(_LAZY))

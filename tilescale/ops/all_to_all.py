@@ -28,11 +28,11 @@ The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritt
 import tilescale
 import tilescale.language as T
 
-from . import checks, op_cache
-from .capture import refuse_graph_capture
-from .direct_launch import direct_entry
-from .reduce_scatter import PASS_CONFIGS
-from .vectors import BYTE, INDEX, SIGNAL
+from . import checks, op_cache, registry, vectors
+from .base import Op
+from .vectors import BYTE, INDEX, PASS_CONFIGS, SIGNAL
+
+__all__ = ["AllToAll", "all_to_all_single"]
 
 # (max bytes per rank, blocks per peer)
 BLOCKS_PER_PEER = ((256 << 10, 4), (4 << 20, 16), (64 << 20, 32), (1 << 62, 64))
@@ -124,20 +124,13 @@ def check_splits(every: list[dict], rank: int) -> None:
             f"output_split_sizes[{s}]); {len(wrong)} such pair(s); this is rank {rank}")
 
 
-def kernel_for(nbytes: int, world_size: int, sms: int, threads: int = 512):
-    """(jit function, args) of the kernel :class:`AllToAll` builds for `nbytes` of output per rank."""
-    return all_to_all_kernel, (world_size, blocks_per_peer_for(nbytes, world_size, sms), threads)
+def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512) -> list:
+    """[(jit function, args)] of the kernel :class:`AllToAll` builds for `nbytes` of output per rank (bytes:
+    one build serves every dtype)."""
+    return [(all_to_all_kernel, (world_size, blocks_per_peer_for(nbytes, world_size, sms), threads))]
 
 
-def _row_bytes(shape, dtype) -> int:
-    import math
-
-    import torch
-
-    return math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
-
-
-class AllToAll:
+class AllToAll(Op):
     """AllToAll with equal splits of dim 0 of a `(R, ...)` tensor of `dtype` (R divisible by W): rank r
     receives rows ``[r*R/W, (r+1)*R/W)`` of every rank, in rank order.
 
@@ -146,18 +139,17 @@ class AllToAll:
     overwritten by the next call; ``a2a(x, out=t)`` copies it into `t`.
     """
 
+    NAME, KERNEL = "AllToAll", "all_to_all"
+
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512,
                  _capacity_rows: int | None = None):
+        import math
+
         import torch
 
-        from .. import runtime, symm
-        from . import vectors
-        from .checks import require_same_on_all_ranks
-
-        rt = runtime.current()
-        self.world_size = W = rt.info.world_size
-        self.rank = rt.info.rank
-        with checks.deferred("AllToAll") as d:
+        with self.arguments(shape=shape, dtype=dtype, capacity_rows=_capacity_rows, blocks_per_peer=blocks_per_peer,
+                            threads=threads):
+            W = self.world_size
             self.shape = vectors.as_shape("AllToAll", shape)
             checks.as_dtype("AllToAll", "dtype", dtype)
             if len(self.shape) == 0:
@@ -170,35 +162,21 @@ class AllToAll:
             if _capacity_rows is None and self.shape[0] % W:
                 checks.fail("AllToAll", "shape", repr(self.shape), f"(rows, ...) with rows divisible by the world size "
                             f"{W} (equal splits; all_to_all_single takes split sizes)")
-        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
-        require_same_on_all_ranks("AllToAll", d.error, shape=shape, dtype=dtype, capacity_rows=_capacity_rows,
-                                  blocks_per_peer=blocks_per_peer, threads=threads)
         self.dtype = dtype
-        self.row_bytes = _row_bytes(self.shape, dtype)
+        self.row_bytes = math.prod(self.shape[1:]) * vectors.element_size(dtype)
         self.capacity_rows = self.shape[0] if _capacity_rows is None else _capacity_rows
-        nbytes = self.capacity_rows * self.row_bytes
-        fn, args = kernel_for(nbytes, W, vectors.sm_count(), threads)
-        if blocks_per_peer:
-            args = (W, blocks_per_peer, threads)
-        self.blocks_per_peer = args[1]
+        [(fn, args)] = kernels(self.capacity_rows * self.row_bytes, W, None, vectors.sm_count(), threads)
+        self.blocks_per_peer = blocks_per_peer or args[1]
         # derived from this GPU's SM count: ranks on GPUs of different sizes (MIG) would wait for a different
         # number of arrivals than their peers send
-        require_same_on_all_ranks("AllToAll", blocks_per_peer=self.blocks_per_peer)
-        self.out = symm.empty((self.capacity_rows, *self.shape[1:]), dtype=dtype)
+        checks.require_same_on_all_ranks("AllToAll", blocks_per_peer=self.blocks_per_peer)
+        self.out = self.symmetric((self.capacity_rows, *self.shape[1:]), dtype)
         self._out_bytes = self.out.view(-1).view(torch.uint8) if self.out.numel() else \
             torch.empty(0, dtype=torch.uint8, device=self.out.device)
-        self.ready = symm.zeros((W,), dtype=torch.uint64)
-        self.arrived = symm.zeros((W,), dtype=torch.uint64)
-        self.epoch = 0
-        self.kernel = fn(*args)
-        self.kernel.prepare()
-        self._direct = direct_entry(self.kernel, ("x", "out", "meta", "ready", "arrived", "epoch", "n_in",
-                                                             "n_out"))
-        self._stream = vectors.stream_getter()
-        self._size = torch.Size(self.shape)
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("AllToAll")
-        self._order = checks.StreamOrder(self.device)
+        self.ready = self.symmetric((W,), torch.uint64, zero=True)
+        self.arrived = self.symmetric((W,), torch.uint64, zero=True)
+        self.kernel, self._direct = self.build(fn, (W, self.blocks_per_peer, threads),
+                                               ("x", "out", "meta", "ready", "arrived", "epoch", "n_in", "n_out"))
         if _capacity_rows is None:
             rows = self.shape[0] // W
             self.meta = self._meta([rows] * W, [[rows] * W for _ in range(W)])
@@ -210,44 +188,20 @@ class AllToAll:
         table = split_table(send_rows, matrix, self.rank, self.row_bytes)
         return torch.tensor(table, dtype=torch.int64).to(self.out.device)
 
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (self.out, self.ready, self.arrived):
-            symm.free(t)
-
-    def _launch(self, x, meta) -> None:
+    def _launch(self, x, meta, stream) -> None:
         import torch
-
-        from . import vectors
 
         if not x.is_contiguous():
             x = x.contiguous()
-        stream = self._stream()
-        if stream != self._order.handle:  # another stream than the last call's: order it after that one
-            self._order.switch(stream)
         self.epoch += 1
         if self._direct is not None:
-            fn, err = self._direct
-            if fn(x.data_ptr(), self.out.data_ptr(), meta.data_ptr(), self.ready.data_ptr(), self.arrived.data_ptr(),
-                  self.epoch, x.nbytes, self._out_bytes.numel(), stream) != 0:
-                raise vectors.launch_failed("all_to_all", err)
-            return
+            return self.launch_direct(x.data_ptr(), self.out.data_ptr(), meta.data_ptr(), self.ready.data_ptr(),
+                                      self.arrived.data_ptr(), self.epoch, x.nbytes, self._out_bytes.numel(), stream)
         xb = x.view(-1).view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8, device=x.device)
         self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.epoch)
 
-    def _validate(self, x, out) -> None:
-        """The call checks (agreed across ranks): `x` and `out` (None: the op's buffer) of this op's shape and
-        dtype on this GPU (any strides: staged)."""
-        checks.check_tensor("AllToAll", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
-        if out is not None:
-            checks.check_tensor("AllToAll", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
-
     def __call__(self, x, out=None):
-        refuse_graph_capture("AllToAll")
-        self._check((checks.signature(x), checks.signature(out)), self._validate, x, out)
-        self._launch(x, self.meta)
+        self._launch(x, self.meta, self.begin(x, out))
         if out is None or out.data_ptr() == self.out.data_ptr():
             return self.out
         out.copy_(self.out)
@@ -340,8 +294,46 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     capacity = 1 << max(0, (most - 1).bit_length())           # power of two: few distinct ops
     op = _cached_v(tuple(input.shape[1:]), input.dtype, capacity, W)
     matrix = [v["send"] for v in every]
-    op._launch(input, op._meta(send, matrix))
+    op._launch(input, op._meta(send, matrix), op.ordered_stream())
     rows = output.shape[0]
     if output.data_ptr() != op.out.data_ptr() or not output.is_contiguous():
         output.copy_(op.out[:rows])
     return output
+
+
+# ------------------------------------------------------------------------------------- registry
+def run_push(output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
+    """torch: ``dist.all_to_all_single(output, input)`` (equal splits: rank r gets the r-th W-th of
+    every rank's input, which is the same memory whatever the row shape)."""
+    if output_split_sizes is not None or input_split_sizes is not None:
+        raise registry.PlanUnsupportedError("split sizes (the ranks' message sizes differ)")
+    all_to_all_single(output.view(-1), input.view(-1))
+
+
+def serve(world_size, output, input, output_split_sizes, input_split_sizes, **_):  # noqa: A002
+    """A ``torch.distributed.all_to_all_single`` call as a plan runs it: equal splits only (with split sizes
+    the ranks' message sizes differ)."""
+    if output_split_sizes is not None or input_split_sizes is not None:
+        return "split sizes given"
+    if (output.numel() != input.numel() or input.dim() == 0 or output.dim() == 0 or input.shape[0] % world_size
+            or output.shape[0] % world_size):
+        return "input and output sizes differ, or dim 0 is not divisible by the world size"
+    return registry.TorchCall(out=output, args=(input,), key=input, msg_bytes=input.numel() * input.element_size())
+
+
+def bench(algo, x, world_size):
+    """Into a tensor of the caller's, as all_to_all_single (and the plan selector) does: the kernel writes
+    this op's symmetric buffer, then one local copy."""
+    import torch
+
+    rows = max(world_size, x.numel() // 64 // world_size * world_size)
+    x = x[:rows * (x.numel() // rows)].view(rows, -1)
+    op = AllToAll(x.shape, x.dtype)
+    out = torch.empty_like(x)
+    return op, lambda: op(x, out=out), out, (torch.empty_like(x), x)
+
+
+COLLECTIVE = registry.collective("all_to_all", torch_name="all_to_all_single", aliases=("alltoall",),
+                                 algos={"push": registry.Algorithm(run_push)}, tensors=("output", "input"),
+                                 serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
+                                 module=__name__)

@@ -52,14 +52,14 @@ import tilescale.language as T
 from tilelang import tvm
 
 from ..profiler import session as profiling
-from . import op_cache
-from .capture import refuse_graph_capture
-from . import checks
-from .checks import require_same_on_all_ranks
-from .direct_launch import direct_entry
-from .vectors import stream_getter
+from . import checks, op_cache, registry
+from .base import Op
 
-SMS_H100 = 132  # streaming multiprocessors of an H100 / H200 (SXM)
+__all__ = ["AllGather", "all_gather", "all_gather_into_tensor"]
+
+# Streaming multiprocessors of an H100 / H200 (SXM): the block count derives from this constant, not from
+# this GPU's, because it must be the same on every rank (a rank's waits count its peers' blocks).
+SMS_H100 = 132
 
 
 def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = SMS_H100) -> int:
@@ -100,7 +100,14 @@ def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat
     return allgather
 
 
-class AllGather:
+def kernels(nbytes: int, world_size: int, dtype: str = "bfloat16", sms: int = SMS_H100, threads: int = 512) -> list:
+    """[(jit function, args)] of the kernel :class:`AllGather` builds for a gathered output of `nbytes` (`sms`
+    is not used: see ``SMS_H100``)."""
+    return [(allgather_kernel, (world_size, default_blocks_per_peer(nbytes // world_size, world_size), dtype,
+                                threads))]
+
+
+class AllGather(Op):
     """AllGather of `(rows, *cols)` shards of `dtype` into a `(W * rows, *cols)` output.
 
     Collective to construct (allocates symmetric buffers); calls must be made in the same order on every
@@ -110,13 +117,14 @@ class AllGather:
     ``ag.buffers`` both.
     """
 
+    NAME, KERNEL = "AllGather", "allgather"
+
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512):
         import torch
 
-        from .. import runtime, symm
-
-        rt = runtime.current()
-        with checks.deferred("AllGather") as d:
+        # a rank whose arguments are invalid must not raise alone (every rank raises if the arguments differ,
+        # or if they are invalid on any rank)
+        with self.arguments(shape=shape, dtype=dtype, blocks_per_peer=blocks_per_peer, threads=threads):
             self.shape = checks.as_shape("AllGather", "shape", shape, lo=1, min_dims=1,
                                          sizes="a non-empty shard shape (rows, *cols): sizes >= 1")
             checks.as_dtype("AllGather", "dtype", dtype, checks.COPY_DTYPES)
@@ -125,36 +133,20 @@ class AllGather:
                 checks.fail("AllGather", "shape", f"{self.shape} ({n} elements)",
                             "fewer than 2**31 elements per shard")
             checks.as_int("AllGather", "blocks_per_peer", blocks_per_peer, allow_none=True)
-            if not checks._is_int(threads) or not 32 <= threads <= 1024 or threads % 32:
-                checks.fail("AllGather", "threads", repr(threads), "a multiple of 32 in [32, 1024]",
-                            type_error=not checks._is_int(threads))
-        # with the raw arguments and this rank's verdict on them: a rank whose arguments are invalid must not
-        # raise alone (every rank raises if the arguments differ, or if they are invalid on any rank)
-        require_same_on_all_ranks("AllGather", d.error, shape=shape, dtype=dtype, blocks_per_peer=blocks_per_peer,
-                                  threads=threads)
-        self.world_size = W = rt.info.world_size
-        self.rank = rt.info.rank
-        self.dtype = dtype
-        self.n = n
-        self.device = checks.this_device()
+            checks.as_threads("AllGather", threads)
+        W, self.dtype, self.n, self.threads = self.world_size, dtype, n, threads
         esize = torch.empty((), dtype=dtype).element_size()
         self.blocks_per_peer = blocks_per_peer or default_blocks_per_peer(n * esize, W)
-        self.threads = threads
-        self._slots = symm.zeros((2, W * self.shape[0], *self.shape[1:]), dtype=dtype)
+        self._slots = self.symmetric((2, W * self.shape[0], *self.shape[1:]), dtype, zero=True)
         self.buffers = (self._slots[0], self._slots[1])
         self._out2d = [b.view(W, n) for b in self.buffers]
-        self.arrived = symm.zeros((2, W), dtype=torch.uint64)
+        self.arrived = self.symmetric((2, W), torch.uint64, zero=True)
         self.calls = 0
         tl_dtype = str(dtype).replace("torch.", "")
-        self.kernel = allgather_kernel(W, self.blocks_per_peer, tl_dtype, threads)
-        self.kernel.prepare()
-        self._direct = direct_entry(self.kernel, ("x", "out", "arrived", "round_no", "n"))
+        self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
+                                               ("x", "out", "arrived", "round_no", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
         self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived)]
-        self._stream = stream_getter(rt.device.index if rt.device.index is not None else torch.cuda.current_device())
-        self._check = checks.CallCheck("AllGather")
-        self._agreed = self._check.agreed
-        self._order = checks.StreamOrder(self.device)
 
     @property
     def out(self):
@@ -165,13 +157,6 @@ class AllGather:
     def next_out(self):
         """The output slot the next call writes."""
         return self.buffers[self.calls % 2]
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (self._slots, self.arrived):
-            symm.free(t)
 
     def _validate(self, x, out) -> None:
         """The call checks (agreed across ranks by ``self._check``): `x` a shard of this op's shape and dtype
@@ -184,29 +169,16 @@ class AllGather:
                                 device=self.device, what="world_size x the shard")
 
     def __call__(self, x, out=None):
-        refuse_graph_capture("AllGather")
-        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
-            key = (type(x), x.dtype, x.shape, x.device,
-                   None if out is None else (type(out), out.dtype, out.shape, out.device))
-            hit = key in self._agreed
-        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
-            key, hit = None, False
-        if not hit:
-            self._check(key, self._validate, x, out)
+        stream = self.begin(x, out)
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
-        stream = self._stream()
-        if stream != self._order.handle:  # another stream than the last call's: order it after that one
-            self._order.switch(stream)
         s = self.calls % 2
         self.calls += 1
         r = (self.calls + 1) // 2
         rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes) if profiling.current is not None else None
         if self._direct is not None:
-            fn, err = self._direct
             o, a = self._ptrs[s]
-            if fn(x.data_ptr(), o, a, r, self.n, stream) != 0:
-                raise RuntimeError(f"allgather kernel launch failed: {err().decode(errors='replace')}")
+            self.launch_direct(x.data_ptr(), o, a, r, self.n, stream)
         else:
             self.kernel.launch(x.view(-1), self._out2d[s], self.arrived[s], r)
         if rec is not None:  # tilescale.profiler: the call and its launch end here
@@ -262,3 +234,37 @@ def _validate_into(output, input, W) -> None:  # noqa: A002
         return checks.check_tensor("all_gather_into_tensor", "output", output, dtype=input.dtype)
     checks.check_tensor("all_gather_into_tensor", "output", output, shape=(W * input.shape[0], *input.shape[1:]),
                         dtype=input.dtype, what="world_size x input rows")
+
+
+# ------------------------------------------------------------------------------------- registry
+def run_push(output, input):  # noqa: A002
+    """torch: ``dist.all_gather_into_tensor(output, input)``."""
+    n = input.numel()
+    if n == 0 or n >= 1 << 31:
+        raise registry.PlanUnsupportedError(f"allgather of {n} elements per rank (the kernel takes 1 .. 2**31 - 1)")
+    all_gather_into_tensor(output.view(-1), input.view(-1))
+
+
+def serve(world_size, output_tensor, input_tensor, **_):
+    """A ``torch.distributed.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)`` call as a
+    plan runs it."""
+    if output_tensor.numel() != world_size * input_tensor.numel():
+        return "output size is not world_size x input size"
+    return registry.TorchCall(out=output_tensor, args=(input_tensor,), key=input_tensor,
+                              msg_bytes=output_tensor.numel() * output_tensor.element_size())
+
+
+def bench(algo, x, world_size):
+    """A shard of a W-th of the message, gathered into a tensor of the caller's."""
+    import torch
+
+    x = x[:x.numel() // world_size]
+    op = AllGather(x.shape, x.dtype)
+    out = torch.empty(world_size * x.numel(), device=x.device, dtype=x.dtype)
+    return op, lambda: op(x, out=out), out, (torch.empty_like(out), x)
+
+
+COLLECTIVE = registry.collective("allgather", torch_name="all_gather_into_tensor", aliases=("all_gather",),
+                                 algos={"push": registry.Algorithm(run_push)}, tensors=("output_tensor", "input_tensor"),
+                                 serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
+                                 module=__name__)

@@ -38,20 +38,40 @@ this block's push of it.
 import tilescale
 import tilescale.language as T
 
-from . import op_cache
-from .capture import refuse_graph_capture
-from .direct_launch import direct_entry
-from . import checks, vectors
-from .vectors import SIGNAL
-from .reduce_scatter import PASS_CONFIGS, check_op, push_and_reduce
+from . import checks, op_cache, registry, vectors
+from .base import Op
+from .reduce_scatter import push_and_reduce
+from .vectors import PASS_CONFIGS, SIGNAL
 
-ALGOS = ("auto", "one_shot", "two_shot")
+__all__ = ["AllReduce", "all_reduce", "ONE_SHOT_MAX_BYTES"]
+
 ONE_SHOT_MAX_BYTES = 1 << 20
 """``algo="auto"`` uses the one-shot kernel up to this many bytes per rank, the two-shot kernel above."""
 
 # (max bytes per rank, blocks) of each algorithm.
 ONE_SHOT_BLOCKS = ((256 << 10, 16), (8 << 20, 64), (1 << 62, 128))
 TWO_SHOT_BLOCKS = ((4 << 20, 32), (1 << 62, 128))
+
+
+@T.macro
+def sum_chunk(x, recv, out, lo, hi, par, me, tx, world_size: int, threads: int, dtype: str, vec: int):
+    """Vectors [lo, hi) of `out` = the sum over ranks s of x (s = me) and ``recv[par, s]`` (the others),
+    accumulated in fp32 in rank order 0..W-1 and rounded once (the one-shot sum; x, out: (nv, vec))."""
+    acc = T.alloc_local((vec,), "float32")
+    for it in T.serial(T.ceildiv(hi - lo, threads)):
+        v = lo + it * threads + tx
+        if v < hi:
+            for k in T.vectorized(vec):
+                acc[k] = 0.0
+            for s in T.unroll(world_size):
+                if s == me:
+                    for k in T.vectorized(vec):
+                        acc[k] += T.cast(x[v, k], "float32")
+                else:
+                    for k in T.vectorized(vec):
+                        acc[k] += T.cast(recv[par, s, v, k], "float32")
+            for k in T.vectorized(vec):
+                out[v, k] = T.cast(acc[k], dtype)
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
@@ -79,21 +99,7 @@ def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
                 if tx != me:
                     T.wait_until(flags[b, tx], cmp="ge", value=epoch)
             T.sync_threads()
-            acc = T.alloc_local((vec,), "float32")
-            for it in T.serial(T.ceildiv(hi - lo, threads)):
-                v = lo + it * threads + tx
-                if v < hi:
-                    for k in T.vectorized(vec):
-                        acc[k] = 0.0
-                    for s in T.unroll(W):
-                        if s == me:
-                            for k in T.vectorized(vec):
-                                acc[k] += T.cast(x[v, k], "float32")
-                        else:
-                            for k in T.vectorized(vec):
-                                acc[k] += T.cast(recv[par, s, v, k], "float32")
-                    for k in T.vectorized(vec):
-                        out[v, k] = T.cast(acc[k], dtype)
+            sum_chunk(x, recv, out, lo, hi, par, me, tx, W, threads, dtype, vec)
 
     return allreduce_one_shot
 
@@ -141,15 +147,18 @@ def resolve_algo(algo: str, nbytes: int, world_size: int) -> str:
     return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES or world_size == 1 else "two_shot"
 
 
-def kernel_for(algo: str, nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512):
-    """(jit function, args) of the kernel :class:`AllReduce` builds for `nbytes` per rank (prebuild)."""
-    algo = resolve_algo(algo, nbytes, world_size)
-    if algo == "one_shot":
-        return allreduce_one_shot_kernel, (world_size, vectors.blocks_for(nbytes, ONE_SHOT_BLOCKS, sms), dtype, threads)
-    return allreduce_two_shot_kernel, (world_size, vectors.blocks_for(nbytes, TWO_SHOT_BLOCKS, sms), dtype, threads)
+def kernels(nbytes: int, world_size: int, dtype: str, sms: int, algo: str | None = None, threads: int = 512) -> list:
+    """[(jit function, args)] of the kernel :class:`AllReduce` builds for `nbytes` per rank with `algo`
+    (None: of both algorithms)."""
+    out = []
+    for a in (("one_shot", "two_shot") if algo is None else (resolve_algo(algo, nbytes, world_size),)):
+        fn, table = (allreduce_one_shot_kernel, ONE_SHOT_BLOCKS) if a == "one_shot" else \
+            (allreduce_two_shot_kernel, TWO_SHOT_BLOCKS)
+        out.append((fn, (world_size, vectors.blocks_for(nbytes, table, sms), dtype, threads)))
+    return out
 
 
-class AllReduce:
+class AllReduce(Op):
     """Sum-AllReduce of a tensor of `shape` and `dtype` (bf16, fp16, fp32; accumulated in fp32).
 
     ``algo``: "one_shot" (every rank reads every input: lowest latency), "two_shot" (ReduceScatter, then
@@ -159,130 +168,45 @@ class AllReduce:
     `t` (which may be `x`: in place).
     """
 
+    NAME, KERNEL = "AllReduce", "allreduce"
+
     def __init__(self, shape, dtype, *, algo: str = "auto", blocks: int | None = None, threads: int = 512):
         import torch
 
-        from .. import runtime, symm
-        from .checks import require_same_on_all_ranks
-
-        rt = runtime.current()
-        self.world_size = W = rt.info.world_size
-        with checks.deferred("AllReduce") as d:
-            checks.as_choice("AllReduce", "algo", algo, ALGOS)
+        with self.arguments(shape=shape, dtype=dtype, algo=algo, blocks=blocks, threads=threads):
+            checks.as_choice("AllReduce", "algo", algo, ("auto", *ALGOS))
             self.shape = vectors.as_shape("AllReduce", shape)
             vectors.check_dtype("AllReduce", dtype)
-            vectors.check_launch("AllReduce", blocks, threads, W)
-        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
-        require_same_on_all_ranks("AllReduce", d.error, shape=shape, dtype=dtype, algo=algo, blocks=blocks,
-                                  threads=threads)
-        self.rank = rt.info.rank
-        self.dtype = dtype
+            vectors.check_launch("AllReduce", blocks, threads, self.world_size)
+        W, self.dtype = self.world_size, dtype
         self.n = n = vectors.numel(self.shape)
         nbytes = n * vectors.element_size(dtype)
         self.algo = algo = resolve_algo(algo, nbytes, W)
         self.vec = vec = vectors.vector_width(dtype)
-        fn, args = kernel_for(algo, nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), threads)
-        if blocks:
-            args = (W, blocks, *args[2:])
-        self.blocks = args[1]
+        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), algo, threads)
+        self.blocks = blocks or args[1]
         if algo == "one_shot":
             self.nv = -(-n // vec)
             self.vshape = (self.nv, vec)
-            self.recv = symm.empty((2, W, self.nv, vec), dtype=dtype)
+            self.recv = self.symmetric((2, W, self.nv, vec), dtype)
             self.red = None
-            self.flags = symm.zeros((self.blocks, W), dtype=torch.uint64)
+            self.flags = self.symmetric((self.blocks, W), torch.uint64, zero=True)
+            names = ("x", "out", "recv", "flags", "epoch", "nv")
         else:
             sv = -(-n // (vec * W))
             self.nv = W * sv
             self.vshape = (W, sv, vec)
-            self.recv = symm.empty((2, W, sv, vec), dtype=dtype)
-            self.red = symm.empty((2, sv, vec), dtype=dtype)
-            self.flags = symm.zeros((2, self.blocks, W), dtype=torch.uint64)
-        self.kernel = fn(*args)
+            self.recv = self.symmetric((2, W, sv, vec), dtype)
+            self.red = self.symmetric((2, sv, vec), dtype)
+            self.flags = self.symmetric((2, self.blocks, W), torch.uint64, zero=True)
+            names = ("x", "out", "recv", "red", "flags", "epoch", "sv")
+        self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]), names)
         self.padded = self.nv * vec != n
-        self._xpad = self._opad = None
-        self.epoch = 0
-        self.kernel.prepare()
-        names = ("x", "out", "recv", "flags", "epoch", "nv") if algo == "one_shot" else \
-            ("x", "out", "recv", "red", "flags", "epoch", "sv")
-        self._direct = direct_entry(self.kernel, names)
-        self._bufs = tuple(t.data_ptr() for t in (self.recv, self.red, self.flags) if t is not None)
+        self.launch_args(*(t for t in (self.recv, self.red, self.flags) if t is not None))
         self._dim = self.nv if algo == "one_shot" else self.nv // W
-        self._stream = vectors.stream_getter()
-        self._size = torch.Size(self.shape)
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("AllReduce")
-        self._agreed = self._check.agreed
-        self._order = checks.StreamOrder(self.device)
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (self.recv, self.red, self.flags):
-            if t is not None:
-                symm.free(t)
-
-    def _staging(self):
-        import torch
-
-        if self._xpad is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-            self._xpad = torch.zeros(self.nv * self.vec, dtype=self.dtype, device=dev)
-            self._opad = torch.empty(self.nv * self.vec, dtype=self.dtype, device=dev)
-        return self._xpad, self._opad
-
-    def _validate(self, x, out) -> None:
-        """The call checks (agreed across ranks): `x` and `out` (None: a new tensor) of this op's shape and
-        dtype on this GPU (any strides: staged)."""
-        checks.check_tensor("AllReduce", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
-        if out is not None:
-            checks.check_tensor("AllReduce", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
 
     def __call__(self, x, out=None):
-        refuse_graph_capture("AllReduce")
-        import torch
-
-        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
-            key = (type(x), x.dtype, x.shape, x.device,
-                   None if out is None else (type(out), out.dtype, out.shape, out.device))
-            hit = key in self._agreed
-        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
-            key, hit = None, False
-        if not hit:
-            self._check(key, self._validate, x, out)
-        if out is None:
-            out = torch.empty(self._size, dtype=self.dtype, device=x.device)
-        stream = self._stream()
-        if stream != self._order.handle:  # another stream than the last call's: order it after that one
-            self._order.switch(stream)
-        if self.n == 0:
-            return out
-        if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
-            xp, op = x.data_ptr(), out.data_ptr()
-            if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
-                self.epoch += 1
-                fn, err = self._direct
-                if fn(xp, op, *self._bufs, self.epoch, self._dim, stream) != 0:
-                    raise vectors.launch_failed("allreduce", err)
-                return out
-        xv = vectors.vector_view(x, self.vshape)
-        ov = vectors.vector_view(out, self.vshape)
-        if xv is None:
-            xpad, _ = self._staging()
-            xpad[:self.n].copy_(x.reshape(-1))
-            xv = xpad.view(self.vshape)
-        if ov is None:
-            _, opad = self._staging()
-            ov = opad.view(self.vshape)
-        self.epoch += 1
-        if self.red is None:
-            self.kernel.launch(xv, ov, self.recv, self.flags, self.epoch)
-        else:
-            self.kernel.launch(xv, ov, self.recv, self.red, self.flags, self.epoch)
-        if ov.data_ptr() != out.data_ptr() or not out.is_contiguous():
-            out.copy_(ov.view(-1)[:self.n].view(self.shape))
-        return out
+        return self.launch_vectors(x, out, self.begin(x, out), self._dim, 1, self.vshape, self.vshape)
 
 
 @op_cache.cached(16)
@@ -294,8 +218,8 @@ _fn_check = checks.CallCheck("all_reduce")
 
 
 def _validate_fn(tensor, op, algo) -> None:
-    check_op("all_reduce", op)
-    checks.as_choice("all_reduce", "algo", algo, ALGOS)
+    checks.check_op("all_reduce", op)
+    checks.as_choice("all_reduce", "algo", algo, ("auto", *ALGOS))
     checks.check_tensor("all_reduce", "tensor", tensor)
     vectors.check_dtype("all_reduce", tensor.dtype, "tensor")
 
@@ -313,3 +237,37 @@ def all_reduce(tensor, *, op="sum", algo="auto"):
     else:
         tensor.copy_(ar(tensor.reshape(-1)).view(tensor.shape))
     return tensor
+
+
+# ------------------------------------------------------------------------------------- registry
+def run_one_shot(tensor, op="sum"):
+    """torch: ``dist.all_reduce(tensor)``; every rank reads every peer's input (small messages)."""
+    all_reduce(tensor.view(-1), op=op, algo="one_shot")
+
+
+def run_two_shot(tensor, op="sum"):
+    """torch: ``dist.all_reduce(tensor)``; reduce-scatter, then all-gather (large messages)."""
+    all_reduce(tensor.view(-1), op=op, algo="two_shot")
+
+
+ALGOS = {"one_shot": registry.Algorithm(run_one_shot, ((0, ONE_SHOT_MAX_BYTES),)),
+         "two_shot": registry.Algorithm(run_two_shot, ((ONE_SHOT_MAX_BYTES + 1, registry.MAX_MSG_SIZE),))}
+
+
+def serve(world_size, tensor, **_):
+    """A ``torch.distributed.all_reduce(tensor, op, group, async_op)`` call (sum) as a plan runs it."""
+    return registry.TorchCall(out=tensor, msg_bytes=tensor.numel() * tensor.element_size(), kwargs={"op": "sum"})
+
+
+def bench(algo, x, world_size):
+    """Out of place, as the ops allow (NCCL in place)."""
+    import torch
+
+    op = AllReduce(x.shape, x.dtype, algo=algo)
+    out = torch.empty_like(x)
+    return op, lambda: op(x, out=out), out, (x.clone(),)
+
+
+COLLECTIVE = registry.collective("allreduce", torch_name="all_reduce", algos=ALGOS, tensors=("tensor",), serve=serve,
+                                 kernels=kernels, bench=bench, busbw=lambda W: 2 * (W - 1) / W, exact=False,
+                                 module=__name__)

@@ -138,6 +138,31 @@ def as_choice(op: str, arg: str, v, choices):
     return v
 
 
+def as_threads(op: str, threads, world_size: int | None = None):
+    """`threads` if it is a multiple of 32 in [32, 1024] (and at least `world_size`, when given: kernels whose
+    threads tx < W wait for rank tx)."""
+    more = "" if world_size is None else f", at least the world size {world_size}"
+    if (not _is_int(threads) or not 32 <= threads <= 1024 or threads % 32
+            or (world_size is not None and threads < world_size)):
+        fail(op, "threads", repr(threads), f"a multiple of 32 in [32, 1024]{more}", type_error=not _is_int(threads))
+    return threads
+
+
+def check_op(fn: str, op) -> None:
+    """Unless `op` is the sum (the string "sum" or torch.distributed.ReduceOp.SUM): the error of argument
+    `op` of `fn`."""
+    if op == "sum":
+        return
+    try:
+        import torch.distributed as dist
+
+        if op == dist.ReduceOp.SUM:
+            return
+    except Exception:  # noqa: BLE001  (torch.distributed without ReduceOp)
+        pass
+    fail(fn, "op", describe(op), "'sum' (the only reduction tilescale implements)")
+
+
 # ------------------------------------------------------------------------------------------ tensors
 def this_device():
     """This rank's GPU: ``cuda:<torch.cuda.current_device()>`` (``cuda`` where none is visible)."""

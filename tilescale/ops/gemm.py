@@ -1,7 +1,9 @@
 """The Hopper GEMM tile loop shared by the fused kernels (TMA + wgmma, warp-specialised by tilelang).
 
-The fused ops only change where rows come from (gathered, with a wait per chunk) and where results go
-(partials, with a completion count); the tile configuration is chosen per problem by :func:`gemm_config`:
+A kernel built on it allocates its tiles with :func:`tile_buffers` and computes one output tile with
+:func:`tile_loop` (both ``T.macro``); AG+GEMM, GEMM+RS and the GEMM benchmarks only change which tile a
+block computes, what it waits for before (gathered rows: a wait per chunk) and what it signals after
+(partials: a completion count). The tile configuration is chosen per problem by :func:`gemm_config`:
 
 1. the tuning table ``gemm_tuning.json`` next to this file (written by
    ``benchmarks/bench_gemm_configs.py --write-tuning``): per measured GEMM shape (and op), the configs
@@ -19,6 +21,8 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import tilescale.language as T
 
 TUNING_FILE = Path(__file__).with_name("gemm_tuning.json")
 SMEM_LIMIT = 232448        # bytes of shared memory one block may use on H100 / H200 (227 KiB)
@@ -59,6 +63,60 @@ class GemmConfig:
 
 
 DEFAULT = GemmConfig()
+
+
+# ------------------------------------------------------------------------------------- the tile loop
+@T.macro
+def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: int):
+    """The tiles of one block: A and B tiles in shared memory (the pipeline's stages are added by
+    ``T.Pipelined``), the fp32 accumulator in registers and the C tile in shared memory; blocks launched
+    in panels of `swizzle` rows of tiles (0: launch order) for L2 reuse. Returns (A tile, B tile,
+    accumulator, C tile)."""
+    As = T.alloc_shared((block_m, block_k), dtype)
+    Bs = T.alloc_shared((block_k, block_n), dtype)
+    Cl = T.alloc_fragment((block_m, block_n), "float32")
+    Cs = T.alloc_shared((block_m, block_n), dtype)
+    T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
+    return As, Bs, Cl, Cs
+
+
+@T.macro
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool):
+    """``C[rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma into the
+    accumulator, then the tile through shared memory to C (a TMA store; plain vector stores by every
+    thread with `disable_tma`)."""
+    block_m, block_k = As.shape
+    block_n = Bs.shape[1]
+    T.clear(Cl)
+    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k), num_stages=stages):
+        T.copy(A[rb * block_m, ko * block_k], As)
+        T.copy(B[ko * block_k, bx * block_n], Bs)
+        T.gemm(As, Bs, Cl)
+    T.copy(Cl, Cs)
+    T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
+
+
+def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
+    """The construction checks shared by the fused ops (AGGemm, GemmRS): positive int sizes, a GEMM dtype
+    (bf16, fp16), a GemmConfig or None; `op` names the op in messages, `k_name` its K."""
+    from . import checks
+
+    for name, v in (("M", M), ("N", N), (k_name, K)):
+        checks.as_int(op, name, v)
+    checks.as_dtype(op, "dtype", dtype, checks.GEMM_DTYPES, note=" (the Hopper wgmma GEMM)")
+    if config is not None and not isinstance(config, GemmConfig):
+        checks.fail(op, "config", checks.describe(config), "a tilescale.ops.gemm.GemmConfig (or None: tuned)",
+                    type_error=True)
+
+
+ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
+
+
+def padded_rows(rows: int) -> int:
+    """The rows per rank that ``tilescale.ops.ag_gemm`` and ``gemm_rs`` run: `rows` rounded up to a multiple
+    of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
+    return -(-rows // ROW_TILE) * ROW_TILE
 
 
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
@@ -126,3 +184,35 @@ def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None =
         if c is not None:
             return c
     return DEFAULT
+
+
+def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
+    """The configuration `op` runs this problem with: `config`, or else the tuned one (:func:`gemm_config`);
+    a ValueError naming M or config when it cannot run it."""
+    cfg = config or gemm_config(M, N, K, world_size=world_size, op=op)
+    if M % (world_size * cfg.block_m):
+        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
+    why = check(cfg, M, N, K, world_size=world_size, op=op)
+    if why:
+        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
+    return cfg
+
+
+def tuning_table(sweep: dict, keep: int = 6) -> dict:
+    """The tuning table (:data:`TUNING_FILE`'s format) of a sweep's JSON (benchmarks/bench_gemm_configs.py):
+    per (op, M, N, K), the configs in order of measured time (at most `keep`, the default config always
+    kept if it was timed, so that a shape never gets something slower than the default); per-W constraints
+    are applied at selection."""
+    entries = {}
+    for r in sweep["rows"]:
+        key = (r["op"], r["M"], r["N"], r["K"])
+        if key in entries or not r["ranked"]:
+            continue   # the same GEMM at another W: the ranking is the same (constraints differ, not times)
+        ranked = r["ranked"]
+        top = ranked[:keep] + [x for x in ranked[keep:] if x["config"] == DEFAULT.to_dict()]
+        entries[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], configs=[x["config"] for x in top],
+                            tflops=[round(x["tflops"], 1) for x in top], cublas_tflops=round(r["cublas_tflops"], 1))
+    # configs that did not fit some W (e.g. block_m 256 when M / W is not a multiple) stay listed: the
+    # selection skips them for that W and takes the next one
+    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {sweep.get('gpu', '?')}, "
+                                 f"{sweep.get('date', '?')}", entries=list(entries.values()))

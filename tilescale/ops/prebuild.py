@@ -16,54 +16,36 @@ def unique(jobs) -> list:
 
 def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
     """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes."""
-    from .ag_gemm import ag_gemm_kernel, kernel_args
+    from .allgather_gemm import kernels
 
-    return [(ag_gemm_kernel, kernel_args(M, N, K, world_size, dtype)) for M, K, N in shapes
-            if M % (world_size * 128) == 0]
+    return [job for M, K, N in shapes if M % (world_size * 128) == 0 for job in kernels(M, N, K, world_size, dtype)]
 
 
 def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
     """(jit function, args) of every kernel GemmRS builds for these (M, K, N) shapes (K is the full K)."""
-    from .gemm_rs import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel, kernel_args
+    from .gemm_reduce_scatter import kernels
 
-    jobs = []
-    for M, K, N in shapes:
-        if M % (world_size * 128) or K % world_size:
-            continue
-        g, r = kernel_args(M, N, K // world_size, world_size, dtype)
-        jobs += [(gemm_rs_gemm_kernel, g), (gemm_rs_reduce_kernel, r)]
-    return jobs
+    return [job for M, K, N in shapes if not (M % (world_size * 128) or K % world_size)
+            for job in kernels(M, N, K // world_size, world_size, dtype)]
 
 
 def allgather_jobs(world_size: int, dtype: str = "bfloat16") -> list:
-    from .allgather import allgather_kernel
+    """(jit function, args) of the AllGather kernels for shards of 1 KiB .. 256 MiB."""
+    from .allgather import kernels
 
-    from .allgather import default_blocks_per_peer
-
-    bpps = {default_blocks_per_peer(1 << k, world_size) for k in range(10, 29)}
-    return [(allgather_kernel, (world_size, bpp, dtype)) for bpp in sorted(bpps)]
+    return unique(job for k in range(10, 29) for job in kernels(world_size << k, world_size, dtype))
 
 
-def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132,
-                    ops=("all_reduce", "reduce_scatter", "all_to_all", "broadcast")) -> list:
-    """(jit function, args) of every kernel the collectives build for messages of `sizes` bytes (per rank;
-    ReduceScatter: of the full input): AllReduce one-shot and two-shot, ReduceScatter per dtype; AllToAll
-    and Broadcast move bytes (one build for all dtypes). Deduplicated."""
-    from . import all_to_all, allreduce, reduce_scatter
-    from .broadcast import kernel_for as broadcast_kernel_for
+def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132, ops=None) -> list:
+    """(jit function, args) of every kernel the collectives (`ops`: their names, any spelling; None: every
+    one :mod:`tilescale.ops.registry` lists) build for messages of `sizes` bytes (as
+    tilescale.plan.Request.msg_bytes: per rank; AllGather of the gathered output, ReduceScatter and AllToAll
+    of the full input), for each dtype (kernels that move bytes: one build for all). Deduplicated."""
+    from . import registry
 
-    jobs = []
-    for nb in sizes:
-        for dt in dtypes:
-            if "all_reduce" in ops:
-                jobs += [allreduce.kernel_for(a, nb, world_size, dt, sms) for a in ("one_shot", "two_shot")]
-            if "reduce_scatter" in ops:
-                jobs.append(reduce_scatter.kernel_for(nb, world_size, dt, sms))
-        if "all_to_all" in ops:
-            jobs.append(all_to_all.kernel_for(nb, world_size, sms))
-        if "broadcast" in ops:
-            jobs.append(broadcast_kernel_for(nb, world_size, sms))
-    return unique(jobs)
+    wanted = None if ops is None else {registry.canonical(o, "ops") for o in ops}
+    return unique(job for c in registry.collectives() if wanted is None or c.name in wanted
+                  for nb in sizes for dt in dtypes for job in c.kernels(nb, world_size, dt, sms))
 
 
 def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:

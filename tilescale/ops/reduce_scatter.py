@@ -26,14 +26,11 @@ faster than this, and slower for the two-shot AllReduce built on it.)
 import tilescale
 import tilescale.language as T
 
-from . import op_cache
-from .capture import refuse_graph_capture
-from .direct_launch import direct_entry
-from . import checks, vectors
-from .vectors import SIGNAL
+from . import checks, op_cache, registry, vectors
+from .base import Op
+from .vectors import PASS_CONFIGS, SIGNAL
 
-# Empty chunks are legal (a block whose chunk starts at the end still signals): no bound guards.
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+__all__ = ["ReduceScatter", "reduce_scatter_tensor"]
 
 # (max bytes of the full input, blocks); more blocks keep more NVLink stores in flight.
 BLOCKS = ((1 << 20, 16), (16 << 20, 64), (1 << 62, 128))
@@ -95,12 +92,12 @@ def reduce_scatter_kernel(world_size: int, blocks: int, dtype: str = "bfloat16",
     return reduce_scatter
 
 
-def kernel_for(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512):
-    """(jit function, args) of the kernel :class:`ReduceScatter` builds for a full input of `nbytes`."""
-    return reduce_scatter_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads)
+def kernels(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512) -> list:
+    """[(jit function, args)] of the kernel :class:`ReduceScatter` builds for a full input of `nbytes`."""
+    return [(reduce_scatter_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads))]
 
 
-class ReduceScatter:
+class ReduceScatter(Op):
     """Sum-ReduceScatter of a `(R, ...)` input of `dtype` (R divisible by the world size) into `(R/W, ...)`.
 
     Collective to construct (allocates symmetric receive buffers, checks that every rank passed the same
@@ -108,117 +105,39 @@ class ReduceScatter:
     them into `t`. Sums are accumulated in fp32, in rank order, and rounded once.
     """
 
+    NAME, KERNEL = "ReduceScatter", "reduce_scatter"
+    OUT_WHAT = "rows / world_size"
+
     def __init__(self, shape, dtype, *, blocks: int | None = None, threads: int = 512):
         import torch
 
-        from .. import runtime, symm
-        from .checks import require_same_on_all_ranks
-
-        rt = runtime.current()
-        self.world_size = W = rt.info.world_size
-        self.rank = rt.info.rank
-        with checks.deferred("ReduceScatter") as d:
+        with self.arguments(shape=shape, dtype=dtype, blocks=blocks, threads=threads):
             self.shape = vectors.as_shape("ReduceScatter", shape)
             vectors.check_dtype("ReduceScatter", dtype)
-            vectors.check_launch("ReduceScatter", blocks, threads, W)
-            if len(self.shape) == 0 or self.shape[0] % W:
+            vectors.check_launch("ReduceScatter", blocks, threads, self.world_size)
+            if len(self.shape) == 0 or self.shape[0] % self.world_size:
                 checks.fail("ReduceScatter", "shape", repr(self.shape), "(rows, ...) with rows divisible by the "
-                            f"world size {W}")
-        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
-        require_same_on_all_ranks("ReduceScatter", d.error, shape=shape, dtype=dtype, blocks=blocks, threads=threads)
-        self.dtype = dtype
+                            f"world size {self.world_size}")
+        W, self.dtype = self.world_size, dtype
         self.out_shape = (self.shape[0] // W, *self.shape[1:])
         self.n = vectors.numel(self.shape)
         self.slice = self.n // W                                # elements per rank's slice
         self.vec = vec = vectors.vector_width(dtype)
         self.sv = sv = -(-self.slice // vec)                    # 16-byte vectors per slice (padded)
         nbytes = self.n * vectors.element_size(dtype)
-        fn, args = kernel_for(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), threads)
-        if blocks:
-            args = (W, blocks, *args[2:])
-        self.blocks = args[1]
-        self.recv = symm.empty((2, W, sv, vec), dtype=dtype)
-        self.flags = symm.zeros((1, self.blocks, W), dtype=torch.uint64)
-        self.epoch = 0
+        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), threads)
+        self.blocks = blocks or args[1]
+        self.recv = self.symmetric((2, W, sv, vec), dtype)
+        self.flags = self.symmetric((1, self.blocks, W), torch.uint64, zero=True)
         self.padded = sv * vec != self.slice
-        self._xpad = self._opad = None
-        self.kernel = fn(*args)
-        self.kernel.prepare()
-        self._direct = direct_entry(self.kernel, ("x", "out", "recv", "flags", "epoch", "sv"))
-        self._bufs = (self.recv.data_ptr(), self.flags.data_ptr())
-        self._stream = vectors.stream_getter()
-        self._size, self._out_size = torch.Size(self.shape), torch.Size(self.out_shape)
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("ReduceScatter")
-        self._agreed = self._check.agreed
-        self._order = checks.StreamOrder(self.device)
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (self.recv, self.flags):
-            symm.free(t)
-
-    def _staging(self):
-        import torch
-
-        if self._xpad is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-            self._xpad = torch.zeros((self.world_size, self.sv * self.vec), dtype=self.dtype, device=dev)
-            self._opad = torch.empty((self.sv * self.vec,), dtype=self.dtype, device=dev)
-        return self._xpad, self._opad
-
-    def _validate(self, x, out) -> None:
-        """The call checks (agreed across ranks): `x` of this op's shape, `out` (None: a new tensor) of its
-        output shape, of its dtype on this GPU (any strides: staged)."""
-        checks.check_tensor("ReduceScatter", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
-        if out is not None:
-            checks.check_tensor("ReduceScatter", "out", out, shape=self.out_shape, dtype=self.dtype, device=self.device,
-                                what="rows / world_size")
+        self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]),
+                                               ("x", "out", "recv", "flags", "epoch", "sv"))
+        self.launch_args(self.recv, self.flags)
 
     def __call__(self, x, out=None):
-        refuse_graph_capture("ReduceScatter")
-        import torch
-
-        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
-            key = (type(x), x.dtype, x.shape, x.device,
-                   None if out is None else (type(out), out.dtype, out.shape, out.device))
-            hit = key in self._agreed
-        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
-            key, hit = None, False
-        if not hit:
-            self._check(key, self._validate, x, out)
-        if out is None:
-            out = torch.empty(self._out_size, dtype=self.dtype, device=x.device)
-        stream = self._stream()
-        if stream != self._order.handle:  # another stream than the last call's: order it after that one
-            self._order.switch(stream)
-        if self.n == 0:
-            return out
-        if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
-            xp, op = x.data_ptr(), out.data_ptr()
-            if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
-                self.epoch += 1
-                fn, err = self._direct
-                if fn(xp, op, *self._bufs, self.epoch, self.sv, stream) != 0:
-                    raise vectors.launch_failed("reduce_scatter", err)
-                return out
+        stream = self.begin(x, out)
         W, sv, vec = self.world_size, self.sv, self.vec
-        xv = None if self.padded else vectors.vector_view(x, (W, sv, vec))
-        ov = None if self.padded else vectors.vector_view(out, (1, sv, vec))
-        if xv is None:
-            xpad, _ = self._staging()
-            xpad[:, :self.slice].copy_(x.reshape(W, self.slice))
-            xv = xpad.view(W, sv, vec)
-        if ov is None:
-            _, opad = self._staging()
-            ov = opad.view(1, sv, vec)
-        self.epoch += 1
-        self.kernel.launch(xv, ov, self.recv, self.flags, self.epoch)
-        if ov.data_ptr() != out.data_ptr() or not out.is_contiguous():
-            out.copy_(ov.view(-1)[:self.slice].view(self.out_shape))
-        return out
+        return self.launch_vectors(x, out, stream, sv, W, (W, sv, vec), (1, sv, vec))
 
 
 @op_cache.cached(16)
@@ -230,7 +149,7 @@ _fn_check = checks.CallCheck("reduce_scatter_tensor")
 
 
 def _validate_fn(output, input, op, W) -> None:  # noqa: A002
-    check_op("reduce_scatter_tensor", op)
+    checks.check_op("reduce_scatter_tensor", op)
     for name, t in (("output", output), ("input", input)):
         checks.check_tensor("reduce_scatter_tensor", name, t)
     vectors.check_dtype("reduce_scatter_tensor", input.dtype, "input")
@@ -261,15 +180,30 @@ def reduce_scatter_tensor(output, input, *, op="sum"):  # noqa: A002  (torch's a
     return output
 
 
-def check_op(fn: str, op) -> None:
-    """ValueError unless `op` is the sum (the string "sum" or torch.distributed.ReduceOp.SUM)."""
-    if op == "sum":
-        return
-    try:
-        import torch.distributed as dist
+# ------------------------------------------------------------------------------------- registry
+def run_direct(output, input, op="sum"):  # noqa: A002  (torch's argument names)
+    """torch: ``dist.reduce_scatter_tensor(output, input)``."""
+    reduce_scatter_tensor(output.view(-1), input.view(-1), op=op)
 
-        if op == dist.ReduceOp.SUM:
-            return
-    except Exception:  # noqa: BLE001  (torch.distributed without ReduceOp)
-        pass
-    checks.fail(fn, "op", checks.describe(op), "'sum' (the only reduction tilescale implements)")
+
+def serve(world_size, output, input, **_):  # noqa: A002
+    """A ``torch.distributed.reduce_scatter_tensor(output, input, op, group, async_op)`` call as a plan runs it."""
+    if input.numel() != world_size * output.numel():
+        return "input size is not world_size x output size"
+    return registry.TorchCall(out=output, args=(input,), kwargs={"op": "sum"}, key=input,
+                              msg_bytes=input.numel() * input.element_size())
+
+
+def bench(algo, x, world_size):
+    import torch
+
+    x = x[:x.numel() - x.numel() % world_size]
+    op = ReduceScatter(x.shape, x.dtype)
+    out = torch.empty(x.numel() // world_size, device=x.device, dtype=x.dtype)
+    return op, lambda: op(x, out=out), out, (torch.empty_like(out), x)
+
+
+COLLECTIVE = registry.collective("reduce_scatter", torch_name="reduce_scatter_tensor", aliases=("reducescatter",),
+                                 algos={"direct": registry.Algorithm(run_direct)}, tensors=("output", "input"),
+                                 serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=False,
+                                 module=__name__)

@@ -29,7 +29,7 @@ Autograd (``register_autograd``), with A sharded by rows and B this rank's colum
 ``Y = gemm_rs(X, W)``: ``(dY_full, dX) = ag_gemm_gathered(dY, W^T)`` (fused), ``dW = X^T @ dY_full``.
 ``all_gather`` and ``reduce_scatter`` are each other's backward.
 
-Any shape: ``ag_gemm`` / ``gemm_rs`` pad rows per rank to a multiple of 128 (tilescale.ops.ag_gemm.ag_gemm);
+Any shape: ``ag_gemm`` / ``gemm_rs`` pad rows per rank to a multiple of 128 (tilescale.ops.gemm.padded_rows);
 where the fused kernels cannot run a problem at all (a dtype other than bf16 / fp16, N or K not a multiple
 of 8, gemm_rs with N not a multiple of 128) the operators run tilescale's collective and torch's GEMM
 one after the other (correct, not overlapped) and say so on the debug log (``TILESCALE_DIST_DEBUG=1``).
@@ -116,19 +116,19 @@ class TilescaleBackend:
         return all_to_all_single(out, x, output_split_sizes or None, input_split_sizes or None)
 
     def broadcast_(self, x, src: int) -> None:
-        from .broadcast import broadcast
+        from .broadcast_from_root import broadcast
 
         broadcast(x, src)
 
     def ag_gemm(self, a, b, return_gathered: bool):
         """(c, all_gather(a) or None): the fused op (rows padded where needed)."""
-        from .ag_gemm import ag_gemm
+        from .allgather_gemm import ag_gemm
 
         r = ag_gemm(a, b, return_gathered=return_gathered)
         return r if return_gathered else (r, None)
 
     def gemm_rs(self, x, w):
-        from .gemm_rs import gemm_rs
+        from .gemm_reduce_scatter import gemm_rs
 
         return gemm_rs(x, w)
 
@@ -151,8 +151,7 @@ def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | No
     """Why the fused kernel of `op` ("ag_gemm" or "gemm_rs") cannot run this problem (rows per rank, N,
     K, with K the local K of gemm_rs), or None when it can (rows padded to a multiple of 128)."""
     from . import checks
-    from .ag_gemm import padded_rows
-    from .gemm import check, gemm_config
+    from .gemm import check, gemm_config, padded_rows
 
     if checks.dtype_name(dtype) not in checks.GEMM_DTYPES:
         return f"dtype {dtype} (the fused GEMMs take bfloat16 / float16)"

@@ -1,16 +1,20 @@
-"""How the collectives see user tensors: flat runs of 16-byte vectors.
+"""How the collectives' kernels see memory: flat runs of 16-byte vectors, cut into chunks per block.
 
-The reducing kernels (AllReduce, ReduceScatter) read and write ``(..., nv, VEC)`` views of the
+The reducing kernels (AllReduce, ReduceScatter...) read and write ``(..., nv, VEC)`` views of the
 user's tensors, ``VEC = 16 // element size`` elements per vector, so that every load and store is
 one 16-byte access. A tensor whose element count does not fill whole vectors (or that is not
 contiguous and 16-byte aligned) is staged through a padded scratch tensor owned by the op: one
 local copy in, one out. The copying kernels (AllToAll, Broadcast) move bytes and need no padding.
+Every block owns one chunk of the run (:func:`blocks_for`: how many blocks for a message), possibly empty.
 """
 import math
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 # dtypes of the kernels' bookkeeping tensors (names, so that annotations hold no string literals)
 SIGNAL, BYTE, INDEX = "uint64", "uint8", "int64"
+# Empty chunks are legal (a block whose chunk starts at the end still signals): no bound guards. The
+# collectives' kernels are compiled with these pass configs.
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
 def dtype_name(dtype) -> str:
@@ -47,7 +51,7 @@ def as_shape(op: str, shape) -> tuple:
 def check_launch(op: str, blocks, threads, world_size: int, per_wave=None) -> None:
     """OpArgumentError unless `blocks` (None: by size) is a positive int of at most ``per_wave()`` (one wave:
     the SM count) and `threads` a multiple of 32 in [32, 1024], at least the world size (threads < W wait)."""
-    from .checks import _is_int, fail
+    from .checks import _is_int, as_threads, fail
 
     if blocks is not None:
         if not _is_int(blocks) or blocks < 1:
@@ -55,9 +59,7 @@ def check_launch(op: str, blocks, threads, world_size: int, per_wave=None) -> No
         most = (per_wave or sm_count)()
         if blocks > most:
             fail(op, "blocks", repr(blocks), f"at most {most} (all blocks must be co-resident: one wave)")
-    if not _is_int(threads) or not 32 <= threads <= 1024 or threads % 32 or threads < world_size:
-        fail(op, "threads", repr(threads), f"a multiple of 32 in [32, 1024], at least the world size {world_size}",
-             type_error=not _is_int(threads))
+    as_threads(op, threads, world_size)
 
 
 def numel(shape) -> int:
@@ -70,21 +72,6 @@ def vector_view(t, shape: tuple):
     if t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() == numel(shape):
         return t.view(shape)
     return None
-
-
-def check_cuda_tensor(op: str, arg: str, t) -> None:
-    """OpArgumentError unless `t` is a tensor on this rank's GPU (the check of the torch-like functions'
-    arguments)."""
-    from . import checks
-
-    checks.check_tensor(op, arg, t)
-
-
-def check_tensor(op: str, arg: str, t, shape: tuple, dtype, device=None) -> None:
-    """OpArgumentError unless `t` is a tensor of `shape` and `dtype` on `device` (default: this rank's GPU)."""
-    from . import checks
-
-    checks.check_tensor(op, arg, t, shape=shape, dtype=dtype, device=device)
 
 
 def blocks_for(nbytes: int, table, sms: int) -> int:
@@ -113,7 +100,3 @@ def stream_getter(device_index: int | None = None):
     if raw is not None:
         return lambda: raw(dev)
     return lambda: torch.cuda.current_stream().cuda_stream
-
-
-def launch_failed(name: str, last_error) -> RuntimeError:
-    return RuntimeError(f"{name} kernel launch failed: {last_error().decode(errors='replace')}")

@@ -16,7 +16,7 @@ call (the same on every rank). tilescale.distributed consults it when started wi
 Precedence per call: explicit plan id -> selector -> registered plan whose constraints match -> NCCL.
 Plans persist as ``$TILESCALE_PLAN_DIR/plans/<collective>/<id>.json``.
 """
-from .plan import COLLECTIVES, MAX_MSG_SIZE, Plan, PlanUnsupportedError, compile
+from .plan import MAX_MSG_SIZE, Plan, PlanUnsupportedError, compile
 from .registry import clear, get, list, register, unregister
 from .selector import (Choice, PlanMismatchError, Request, choose, clear_selector, get_selector, resolve,
                        set_selector)
@@ -24,3 +24,12 @@ from .selector import (Choice, PlanMismatchError, Request, choose, clear_selecto
 __all__ = ["COLLECTIVES", "MAX_MSG_SIZE", "Plan", "PlanUnsupportedError", "compile", "register", "unregister", "list",
            "get", "clear", "set_selector", "clear_selector", "get_selector", "Request", "Choice", "choose", "resolve",
            "PlanMismatchError"]
+
+
+def __getattr__(name: str):
+    """``COLLECTIVES``: the canonical names of the collectives tilescale.ops registers (in name order)."""
+    if name == "COLLECTIVES":
+        from ..ops.registry import collectives
+
+        return tuple(c.name for c in collectives())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,116 +1,40 @@
 """Built-in plans: tilescale's collective kernels (tilescale.ops) as plan algorithms.
 
-==================================  =========================================================
-plan (algorithm)                    kernel
-==================================  =========================================================
-``tilescale.allreduce.one_shot``    ``tilescale.ops.allreduce.all_reduce(t, algo="one_shot")``
-``tilescale.allreduce.two_shot``    ``tilescale.ops.allreduce.all_reduce(t, algo="two_shot")``
-``tilescale.reduce_scatter.direct`` ``tilescale.ops.reduce_scatter.reduce_scatter_tensor``
-``tilescale.allgather.push``        ``tilescale.ops.allgather.all_gather_into_tensor``
-``tilescale.all_to_all.push``       ``tilescale.ops.all_to_all.all_to_all_single``
-``tilescale.broadcast.pull``        ``tilescale.ops.broadcast.broadcast``
-==================================  =========================================================
+Every algorithm of every collective that :mod:`tilescale.ops.registry` lists is a built-in plan named
+``tilescale.<collective>.<algorithm>``, e.g. ``tilescale.allreduce.one_shot`` (``all_reduce(t,
+algo="one_shot")``), ``tilescale.reduce_scatter.direct``, ``tilescale.allgather.push``,
+``tilescale.all_to_all.push``, ``tilescale.broadcast.pull`` (:data:`ALGOS`).
 
 All run over the whole world of the tilescale runtime, on one node, sum only, on contiguous CUDA
 bf16/fp16/fp32 tensors, which need not be symmetric (each op copies through its own symmetric buffers).
 
 * :func:`register_tuned` registers the plans of the tuning table that matches the machine (message
   ranges where they beat NCCL); without a matching table it registers none, so NCCL is chosen.
-* :func:`catalog` gives one plan per algorithm over default ranges (one-shot / two-shot split at
-  ``ONE_SHOT_MAX_BYTES``): what ``hints={"prefer": "tilescale"}`` uses, and what an explicit plan id of
-  a built-in refers to.
+* :func:`catalog` gives one plan per algorithm over its default ranges (the registry's; e.g. one-shot /
+  two-shot split at ``ONE_SHOT_MAX_BYTES``): what ``hints={"prefer": "tilescale"}`` uses, and what an
+  explicit plan id of a built-in refers to.
 """
 from __future__ import annotations
 
 import logging
 import threading
 
-from .plan import MAX_MSG_SIZE, Plan, PlanUnsupportedError, compile
+from ..ops.registry import collectives
+from .plan import Plan, compile
 
 log = logging.getLogger("tilescale.plan")
 
 DTYPES = ("bfloat16", "float16", "float32")
 CONSTRAINTS = {"dtypes": list(DTYPES), "devices": ["cuda"], "needs_runtime": True}
 
-
-# ------------------------------------------------------------------------------------- algorithms
-# Each op keeps its own symmetric buffers and copies from / into the caller's tensors, which therefore
-# need not be on the symmetric heap. Tensors are passed flat: the ops' results do not depend on shapes.
-def allreduce_one_shot(tensor, op="sum"):
-    """torch: ``dist.all_reduce(tensor)``; every rank reads every peer's input (small messages)."""
-    from ..ops.allreduce import all_reduce
-
-    all_reduce(tensor.view(-1), op=op, algo="one_shot")
-
-
-def allreduce_two_shot(tensor, op="sum"):
-    """torch: ``dist.all_reduce(tensor)``; reduce-scatter, then all-gather (large messages)."""
-    from ..ops.allreduce import all_reduce
-
-    all_reduce(tensor.view(-1), op=op, algo="two_shot")
-
-
-def reduce_scatter_direct(output, input, op="sum"):  # noqa: A002  (torch's argument names)
-    """torch: ``dist.reduce_scatter_tensor(output, input)``."""
-    from ..ops.reduce_scatter import reduce_scatter_tensor
-
-    reduce_scatter_tensor(output.view(-1), input.view(-1), op=op)
-
-
-def allgather_push(output, input):  # noqa: A002
-    """torch: ``dist.all_gather_into_tensor(output, input)``."""
-    from ..ops.allgather import all_gather_into_tensor
-
-    n = input.numel()
-    if n == 0 or n >= 1 << 31:
-        raise PlanUnsupportedError(f"allgather of {n} elements per rank (the kernel takes 1 .. 2**31 - 1)")
-    all_gather_into_tensor(output.view(-1), input.view(-1))
-
-
-def all_to_all_push(output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
-    """torch: ``dist.all_to_all_single(output, input)`` (equal splits: rank r gets the r-th W-th of
-    every rank's input, which is the same memory whatever the row shape)."""
-    from ..ops.all_to_all import all_to_all_single
-
-    if output_split_sizes is not None or input_split_sizes is not None:
-        raise PlanUnsupportedError("split sizes (the ranks' message sizes differ)")
-    all_to_all_single(output.view(-1), input.view(-1))
-
-
-def broadcast_pull(tensor, src):
-    """torch: ``dist.broadcast(tensor, src)``; every rank reads `src`'s staged copy."""
-    from ..ops.broadcast import broadcast
-
-    broadcast(tensor.view(-1), src)
-
-
-ALGOS = {
-    "tilescale.allreduce.one_shot": ("allreduce", allreduce_one_shot),
-    "tilescale.allreduce.two_shot": ("allreduce", allreduce_two_shot),
-    "tilescale.reduce_scatter.direct": ("reduce_scatter", reduce_scatter_direct),
-    "tilescale.allgather.push": ("allgather", allgather_push),
-    "tilescale.all_to_all.push": ("all_to_all", all_to_all_push),
-    "tilescale.broadcast.pull": ("broadcast", broadcast_pull),
-}
-
-
-def full_name(collective: str, algo: str, where: str = "algo") -> str:
-    """'one_shot' (of allreduce) -> 'tilescale.allreduce.one_shot'; checks that it exists."""
-    name = algo if algo.startswith("tilescale.") else f"tilescale.{collective}.{algo}"
-    if name not in ALGOS or ALGOS[name][0] != collective:
-        have = [n for n, (c, _) in ALGOS.items() if c == collective]
-        raise ValueError(f"{where}: got {algo!r}, expected a built-in {collective} algorithm: {', '.join(have)}")
-    return name
+# {plan name: (collective, algorithm)}: each op keeps its own symmetric buffers and copies from / into the
+# caller's tensors, which therefore need not be on the symmetric heap.
+ALGOS = {f"tilescale.{c.name}.{a}": (c.name, alg.run) for c in collectives() for a, alg in c.algos.items()}
 
 
 def default_ranges() -> dict[str, list[tuple[int, int]]]:
-    """Message ranges of the catalog: one-shot up to ONE_SHOT_MAX_BYTES, two-shot above; others all."""
-    ranges = {name: [(0, MAX_MSG_SIZE)] for name in ALGOS}
-    from ..ops.allreduce import ONE_SHOT_MAX_BYTES
-
-    ranges["tilescale.allreduce.one_shot"] = [(0, ONE_SHOT_MAX_BYTES)]
-    ranges["tilescale.allreduce.two_shot"] = [(ONE_SHOT_MAX_BYTES + 1, MAX_MSG_SIZE)]
-    return ranges
+    """Message ranges of the catalog: each algorithm's default ranges in the registry."""
+    return {f"tilescale.{c.name}.{a}": list(alg.ranges) for c in collectives() for a, alg in c.algos.items()}
 
 
 def _compile(name: str, world_size: int, lo: int, hi: int, tags: set) -> Plan:

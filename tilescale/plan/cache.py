@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import TileScaleError
-from .plan import canonical_json, hash_id
+from .ids import canonical_json, hash_id
 
 log = logging.getLogger("tilescale.plan")
 

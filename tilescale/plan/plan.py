@@ -17,7 +17,6 @@ so a change of any of them (the algorithm's source included) gives a new id. The
 """
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import inspect
@@ -27,44 +26,13 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..errors import TileScaleError
+from ..ops.registry import MAX_MSG_SIZE, PlanUnsupportedError  # noqa: F401  (re-exported: tilescale.plan's names)
+from ..ops.registry import canonical as canonical_collective
+from .ids import canonical_json, hash_id
 
 SCHEMA_VERSION = 1
-MAX_MSG_SIZE = (1 << 63) - 1   # "no upper bound"
-
-# Canonical collective names; torch.distributed's names are accepted as aliases.
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast")
-_ALIASES = {
-    "allreduce": "allreduce", "all_reduce": "allreduce",
-    "allgather": "allgather", "all_gather": "allgather", "all_gather_into_tensor": "allgather",
-    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all": "all_to_all", "alltoall": "all_to_all", "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast",
-}
 # Keys of Plan.constraints beyond the message-size range, world size and ranks per node.
 EXTRA_CONSTRAINTS = ("dtypes", "devices", "needs_runtime")
-
-
-class PlanUnsupportedError(TileScaleError, NotImplementedError):
-    """A plan's kernel cannot serve this call (raised before any communication, the same way on every
-    rank): tilescale.distributed then passes the call to torch.distributed."""
-
-
-def canonical_collective(collective, arg: str = "collective") -> str:
-    if not isinstance(collective, str) or collective.lower() not in _ALIASES:
-        raise ValueError(f"{arg}: got {collective!r}, expected one of {', '.join(COLLECTIVES)} "
-                         "(or a torch.distributed name such as 'all_reduce')")
-    return _ALIASES[collective.lower()]
-
-
-def canonical_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def hash_id(payload) -> str:
-    """32 lower-case base32 characters of blake2b(canonical_json(payload))."""
-    digest = hashlib.blake2b(canonical_json(payload).encode(), digest_size=20).digest()
-    return base64.b32encode(digest).decode().lower()[:32]
 
 
 # ------------------------------------------------------------------------------------ source hashing

@@ -12,7 +12,8 @@ from __future__ import annotations
 import builtins
 import threading
 
-from .plan import COLLECTIVES, Plan, canonical_collective
+from ..ops.registry import collectives
+from .plan import Plan, canonical_collective
 
 _plans: dict[str, Plan] = {}   # id -> plan, in registration order
 _lock = threading.Lock()
@@ -74,7 +75,7 @@ def list(collective: str | None = None, tags=None) -> builtins.list[Plan]:  # no
 
 def by_collective() -> dict[str, builtins.list[Plan]]:
     """{collective: [registered plans]} with every collective as a key (what a selector receives)."""
-    out: dict[str, builtins.list[Plan]] = {c: [] for c in COLLECTIVES}
+    out: dict[str, builtins.list[Plan]] = {c.name: [] for c in collectives()}
     for p in list():
         out[p.collective].append(p)
     return out

@@ -35,9 +35,9 @@ class PlanMismatchError(CollectiveMismatchError):
 class Request:
     """What a selector sees of one collective call.
 
-    ``msg_bytes`` follows nccl-tests' "size": the tensor for allreduce and broadcast, the whole
-    gathered output for allgather, the whole input for reduce-scatter and all-to-all (in bytes, per
-    rank). ``dtype`` is torch's name without the prefix ("bfloat16"), ``device`` the tensor's device
+    ``msg_bytes`` follows nccl-tests' "size" (each collective's entry in tilescale.ops.registry computes
+    it): the tensor for allreduce and broadcast, the whole gathered output for allgather, the whole input
+    for reduce-scatter and all-to-all (in bytes, per rank). ``dtype`` is torch's name without the prefix ("bfloat16"), ``device`` the tensor's device
     type ("cuda")."""
 
     collective: str

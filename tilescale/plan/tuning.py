@@ -7,7 +7,7 @@ A table is JSON written by the collective benchmarks::
                      "allgather": [{"algo": "push", "ranges": [[4194304, 1073741824]]}]}}
 
 ``ranges`` are inclusive message sizes in bytes (Request.msg_bytes) where the algorithm beat NCCL by
-at least 3%; a collective may list several algorithms. ``algo`` is a built-in's short name ("one_shot")
+at least 3% (:func:`table` computes them from measurements); a collective may list several algorithms. ``algo`` is a built-in's short name ("one_shot")
 or full name ("tilescale.allreduce.one_shot"). Tables ship in ``tilescale/plan/tuning/*.json``;
 ``TILESCALE_TUNING_FILE`` names one to use instead. Where no table matches the machine, no built-in
 plan is registered and NCCL serves every call (tilescale is never chosen where it was not measured to win).
@@ -19,10 +19,23 @@ import logging
 import re
 from pathlib import Path
 
+from ..ops.registry import find
 from .plan import canonical_collective
 
 TUNING_DIR = Path(__file__).resolve().parent / "tuning"
 log = logging.getLogger("tilescale.plan")
+
+
+def full_name(collective: str, algo: str, where: str = "algo") -> str:
+    """'one_shot' (of allreduce) -> 'tilescale.allreduce.one_shot', the built-in plan's name; checks that
+    the collective has that algorithm (tilescale.ops.registry)."""
+    c = find(collective)
+    prefix = f"tilescale.{collective}."
+    name = algo if algo.startswith("tilescale.") else prefix + algo
+    if c is None or c.name != collective or not name.startswith(prefix) or name.removeprefix(prefix) not in c.algos:
+        have = [prefix + a for a in (c.algos if c is not None and c.name == collective else ())]
+        raise ValueError(f"{where}: got {algo!r}, expected a built-in {collective} algorithm: {', '.join(have)}")
+    return name
 
 
 def normalize_gpu(name: str) -> str:
@@ -33,8 +46,6 @@ def normalize_gpu(name: str) -> str:
 def validate(table, where: str) -> dict:
     """The table in canonical form: {"gpu", "world_size", "collectives": {collective: [(algo, [(lo, hi)])]}};
     a clear ValueError naming `where` and the field when it is malformed."""
-    from .builtin import full_name
-
     if not isinstance(table, dict):
         raise ValueError(f"{where}: got a JSON {type(table).__name__}, expected an object with gpu, world_size, "
                          "collectives")
@@ -62,6 +73,42 @@ def validate(table, where: str) -> dict:
                                  "0 <= lo <= hi")
             out.setdefault(coll, []).append((algo, [tuple(r) for r in ranges]))
     return {"gpu": gpu, "world_size": ws, "collectives": out}
+
+
+WIN = 1.03          # "tilescale wins" means at least 3% faster than NCCL
+
+
+def win_ranges(rows: list[dict], ratio: float = WIN) -> list[list[int]]:
+    """[[lo, hi], ...]: runs of consecutive measured sizes (rows' ``bytes``) with ``speedup`` >= ratio."""
+    out, cur = [], None
+    for r in sorted(rows, key=lambda r: r["bytes"]):
+        if r["speedup"] >= ratio:
+            cur = [r["bytes"], r["bytes"]] if cur is None else [cur[0], r["bytes"]]
+        elif cur is not None:
+            out.append(cur)
+            cur = None
+    if cur is not None:
+        out.append(cur)
+    return out
+
+
+def table(rows: list[dict], gpu: str, world_size: int) -> dict:
+    """The tuning table of measurements (rows of ``collective``, ``algo``, ``bytes`` (Request.msg_bytes),
+    ``tilescale_us`` and ``speedup`` over NCCL; benchmarks/bench_collectives.py writes them): per collective,
+    each algorithm's message ranges where it is the fastest of the collective's algorithms and beats NCCL
+    by >= 3% (one algorithm: ``{"algo", "ranges"}``; several: a list of them)."""
+    out = {}
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        rs = [r for r in rows if r["collective"] == coll]
+        best: dict = {}
+        for r in rs:                                  # the fastest algorithm per size (the first on a tie)
+            if r["bytes"] not in best or r["tilescale_us"] < best[r["bytes"]]["tilescale_us"]:
+                best[r["bytes"]] = r
+        entries = [{"algo": a, "ranges": win_ranges([r if r["algo"] == a else dict(r, speedup=0.0)
+                                                     for r in best.values()])}
+                   for a in dict.fromkeys(r["algo"] for r in rs)]
+        out[coll] = entries[0] if len(entries) == 1 else entries
+    return {"gpu": gpu, "world_size": world_size, "collectives": out}
 
 
 def _read(path: Path) -> dict:

@@ -27,21 +27,11 @@ import tilescale.language as T
 
 from ..profiler import session as profiling
 from ..profiler.device_timeline import TILE_WORDS
-from . import op_cache
-from . import checks
-from .capture import refuse_graph_capture
-from .gemm import GemmConfig, check, gemm_config
+from . import checks, op_cache
+from .base import Op
+from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
 
-
-def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
-    """The construction checks shared by :class:`AGGemm` and :class:`GemmRS`: positive int sizes, a GEMM
-    dtype (bf16, fp16), a GemmConfig or None."""
-    for name, v in (("M", M), ("N", N), (k_name, K)):
-        checks.as_int(op, name, v)
-    checks.as_dtype(op, "dtype", dtype, checks.GEMM_DTYPES, note=" (the Hopper wgmma GEMM)")
-    if config is not None and not isinstance(config, GemmConfig):
-        checks.fail(op, "config", checks.describe(config), "a tilescale.ops.gemm.GemmConfig (or None: tuned)",
-                    type_error=True)
+__all__ = ["AGGemm", "ag_gemm"]
 
 
 @tilescale.jit
@@ -65,11 +55,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
                 arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64, prof: Prof):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)   # L2 reuse across neighbouring tiles
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
             rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
             src = rb // tiles_per_rank
@@ -85,13 +71,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
                     prof[slot + 1] = T.timestamp()
                     for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
                         prof[slot + 3 + i] = T.cast(v, "uint64")
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(A[rb * block_m, ko * block_k], As)
-                T.copy(B[ko * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
-            T.copy(Cl, Cs)
-            T.copy(Cs, C[rb * block_m, bx * block_n])
+            tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages, False)
             if profile:
                 if T.get_thread_binding() == 0:
                     prof[slot + 2] = T.timestamp()
@@ -99,24 +79,19 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     return ag_gemm
 
 
-def kernel_args(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
-                config: GemmConfig | None = None) -> tuple:
-    """Arguments of :func:`ag_gemm_kernel` for this problem (what :class:`AGGemm` compiles)."""
-    cfg = config or gemm_config(M, N, K, world_size=world_size, op="ag_gemm")
-    if M % (world_size * cfg.block_m):
-        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
-    why = check(cfg, M, N, K, world_size=world_size, op="ag_gemm")
-    if why:
-        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
+def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
+            config: GemmConfig | None = None) -> list:
+    """[(jit function, args)] of the kernel :class:`AGGemm` compiles for this problem."""
+    cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
     while tiles_per_rank % chunks:
         chunks -= 1
-    return (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
-            cfg.swizzle)
+    return [(ag_gemm_kernel, (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages,
+                              cfg.threads, cfg.swizzle))]
 
 
-class AGGemm:
+class AGGemm(Op):
     """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
 
     `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
@@ -125,56 +100,38 @@ class AGGemm:
     tilescale.profiler session records WAIT/TILE events.
     """
 
+    NAME, KERNEL = "AGGemm", "ag_gemm"
+
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
                  profile: bool | None = None):
         import torch
 
-        from .. import runtime, symm
+        from .. import symm
         from ..env import settings
-        from .checks import require_same_on_all_ranks
 
-        rt = runtime.current()
-        with checks.deferred("AGGemm") as d:
+        with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile) as agreed:
             profile = settings.profile_device if profile is None else profile
             check_problem("AGGemm", M, N, K, dtype, config, "K")
             checks.as_int("AGGemm", "chunks", chunks, allow_none=True)
             if not isinstance(profile, bool) and profile not in (0, 1):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
-            profile = bool(profile)
-            W = rt.info.world_size
-            args = kernel_args(M, N, K, W, checks.dtype_name(dtype), chunks, config)
-        require_same_on_all_ranks("AGGemm", d.error, M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config,
-                                  profile=profile)
-        self.rt = rt
-        W = self.world_size = rt.info.world_size
-        self.rank = rt.info.rank
-        self.args = args
+            agreed["profile"] = profile = bool(profile)
+            [(fn, args)] = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config)
+        W, self.args = self.world_size, args
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
         self.chunks = self.args[4]
-        self.a_full = [symm.empty((M, K), dtype=dtype) for _ in range(2)]
-        self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=rt.device)
-        self.epoch = 0
+        self.a_full = [self.symmetric((M, K), dtype) for _ in range(2)]
+        self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=self.rt.device)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
         self._peers = [[symm.peer_tensor(a, p) if p != self.rank else a for p in range(W)] for a in self.a_full]
-        self.kernel = ag_gemm_kernel(*self.args)
-        self.kernel.prepare()
-        self.kernel_prof = ag_gemm_kernel(*self.args, profile=True).prepare() if profile else None
+        self.kernel, _ = self.build(fn, self.args)
+        self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
         self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("AGGemm")
-        self._order = checks.StreamOrder(self.device)
 
     def gathered(self):
         return self.a_full[self.epoch % 2]
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (*self.a_full,):
-            symm.free(t)
 
     def _validate(self, a_local, b, out) -> None:
         """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides:
@@ -189,16 +146,16 @@ class AGGemm:
             checks.check_tensor("AGGemm", "out", out, shape=(self.M, self.N), dtype=dt, device=d, contiguous=True,
                                 aligned=True)
 
+    def call_key(self, a_local, b, out):
+        return checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)
+
     def __call__(self, a_local, b, out=None):
-        refuse_graph_capture("AGGemm")
         import ctypes
 
         import torch
 
-        self._check((checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)),
-                    self._validate, a_local, b, out)
+        self.begin(a_local, b, out)
         main = torch.cuda.current_stream()
-        self._order(main.cuda_stream)  # another stream than the last call's: ordered after that one
         self.epoch += 1
         rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K) if profiling.current is not None else None
         e, p, W, r = self.epoch, self.epoch % 2, self.world_size, self.rank
@@ -251,15 +208,6 @@ def _validate_fn(a_local, b) -> None:
     if a_local.dim() != 2 or b.dim() != 2 or a_local.shape[1] != b.shape[0]:
         checks.fail("ag_gemm", "b", checks.describe(b), f"a 2-D ({a_local.shape[-1]}, N) tensor for a_local "
                     f"{tuple(a_local.shape)} (2-D operands, inner sizes equal)")
-
-
-ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
-
-
-def padded_rows(rows: int) -> int:
-    """The rows per rank that :func:`ag_gemm` and :func:`~tilescale.ops.gemm_rs.gemm_rs` run: `rows`
-    rounded up to a multiple of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
-    return -(-rows // ROW_TILE) * ROW_TILE
 
 
 def ag_gemm(a_local, b, *, return_gathered: bool = False):

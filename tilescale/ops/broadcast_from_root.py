@@ -28,11 +28,11 @@ shared by the W - 1 readers).
 import tilescale
 import tilescale.language as T
 
-from . import checks, op_cache
-from .capture import refuse_graph_capture
-from .direct_launch import direct_entry
-from .reduce_scatter import PASS_CONFIGS
-from .vectors import BYTE, SIGNAL
+from . import checks, op_cache, registry, vectors
+from .base import Op
+from .vectors import BYTE, PASS_CONFIGS, SIGNAL
+
+__all__ = ["Broadcast", "broadcast"]
 
 # (max bytes, blocks)
 BLOCKS = ((256 << 10, 8), (4 << 20, 32), (1 << 62, 64))
@@ -86,18 +86,17 @@ def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
     return broadcast
 
 
-def kernel_for(nbytes: int, world_size: int, sms: int, threads: int = 512):
-    """(jit function, args) of the kernel :class:`Broadcast` builds for a message of `nbytes`."""
-    from . import vectors
-
-    return broadcast_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads)
+def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512) -> list:
+    """[(jit function, args)] of the kernel :class:`Broadcast` builds for a message of `nbytes` (bytes: one
+    build serves every dtype)."""
+    return [(broadcast_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads))]
 
 
 # The kernel computes byte offsets and sub-chunk counts (n + 4 MiB - 1) in int32: keep both below 2**31.
 MAX_BYTES = (1 << 31) - (8 << 20)
 
 
-class Broadcast:
+class Broadcast(Op):
     """Broadcast of a tensor of `shape` and `dtype` from rank `src` to every rank.
 
     Collective to construct (allocates the root's symmetric staging buffer on every rank; checks that
@@ -106,17 +105,13 @@ class Broadcast:
     writes the root's tensor into `t` instead (on the root too).
     """
 
+    NAME, KERNEL = "Broadcast", "broadcast"
+
     def __init__(self, shape, dtype, src: int, *, blocks: int | None = None, threads: int = 512):
         import torch
 
-        from .. import runtime, symm
-        from . import vectors
-        from .checks import require_same_on_all_ranks
-
-        rt = runtime.current()
-        self.world_size = W = rt.info.world_size
-        self.rank = rt.info.rank
-        with checks.deferred("Broadcast") as d:
+        with self.arguments(shape=shape, dtype=dtype, src=src, blocks=blocks, threads=threads):
+            W = self.world_size
             vectors.check_launch("Broadcast", blocks, threads, W)
             self.shape = vectors.as_shape("Broadcast", shape)
             checks.as_dtype("Broadcast", "dtype", dtype)
@@ -127,78 +122,38 @@ class Broadcast:
             if self.nbytes > MAX_BYTES:
                 checks.fail("Broadcast", "shape", f"{self.shape} {dtype} ({self.nbytes} bytes)", f"at most {MAX_BYTES} "
                             "bytes (2 GiB - 8 MiB: the kernel counts bytes and sub-chunks in 32-bit integers)")
-        # every rank learns whether all passed the same arguments, and whether they are valid on every rank
-        require_same_on_all_ranks("Broadcast", d.error, shape=shape, dtype=dtype, src=src, blocks=blocks,
-                                  threads=threads)
         self.dtype, self.src = dtype, src
-        fn, args = kernel_for(self.nbytes, W, vectors.sm_count(), threads)
-        if blocks:
-            args = (W, blocks, threads)
-        self.blocks = args[1]
-        self.stage = symm.empty((2, -(-self.nbytes // 16) * 16), dtype=torch.uint8)
-        self.ready = symm.zeros((self.blocks,), dtype=torch.uint64)
-        self.done = symm.zeros((self.blocks, W), dtype=torch.uint64)
-        self.epoch = 0
-        self.kernel = fn(*args)
-        self.kernel.prepare()
-        self._direct = direct_entry(self.kernel, ("x", "out", "stage", "ready", "done", "root", "epoch",
-                                                             "epoch_old", "n", "n_stage"))
-        self._bufs = (self.stage.data_ptr(), self.ready.data_ptr(), self.done.data_ptr(), src)
-        self._stream = vectors.stream_getter()
-        self._size = torch.Size(self.shape)
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("Broadcast")
-        self._agreed = self._check.agreed
-        self._order = checks.StreamOrder(self.device)
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (self.stage, self.ready, self.done):
-            symm.free(t)
-
-    def _validate(self, x, out) -> None:
-        """The call checks (agreed across ranks): `x` and `out` (None: `x`, in place) of this op's shape and
-        dtype on this GPU (any strides: staged)."""
-        checks.check_tensor("Broadcast", "x", x, shape=self.shape, dtype=self.dtype, device=self.device)
-        if out is not None:
-            checks.check_tensor("Broadcast", "out", out, shape=self.shape, dtype=self.dtype, device=self.device)
+        [(fn, args)] = kernels(self.nbytes, W, None, vectors.sm_count(), threads)
+        self.blocks = blocks or args[1]
+        self.stage = self.symmetric((2, -(-self.nbytes // 16) * 16), torch.uint8)
+        self.ready = self.symmetric((self.blocks,), torch.uint64, zero=True)
+        self.done = self.symmetric((self.blocks, W), torch.uint64, zero=True)
+        self.kernel, self._direct = self.build(fn, (W, self.blocks, threads), ("x", "out", "stage", "ready", "done",
+                                                                              "root", "epoch", "epoch_old", "n",
+                                                                              "n_stage"))
+        self.launch_args(self.stage, self.ready, self.done, src)
 
     def __call__(self, x, out=None):
-        refuse_graph_capture("Broadcast")
         import torch
 
-        try:  # what the checks read of the arguments; a signature agreed before costs one lookup
-            key = (type(x), x.dtype, x.shape, x.device,
-                   None if out is None else (type(out), out.dtype, out.shape, out.device))
-            hit = key in self._agreed
-        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
-            key, hit = None, False
-        if not hit:
-            self._check(key, self._validate, x, out)
+        stream = self.begin(x, out)
         if out is None:
             out = x
-        stream = self._stream()
-        if stream != self._order.handle:  # another stream than the last call's: order it after that one
-            self._order.switch(stream)
         if self.nbytes == 0:
             return out
         if self._direct is not None and out is x and x.is_contiguous():
             self.epoch += 1   # the fast path: in place
-            fn, err = self._direct
             p = x.data_ptr()
-            if fn(p, p, *self._bufs, self.epoch, max(self.epoch - 2, 0), self.nbytes, self.stage.shape[1],
-                  stream) != 0:
-                raise vectors.launch_failed("broadcast", err)
+            self.launch_direct(p, p, *self._ptrs, self.epoch, max(self.epoch - 2, 0), self.nbytes,
+                               self.stage.shape[1], stream)
             return out
         dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         src = x if x.is_contiguous() else x.contiguous()
         if self.rank == self.src and dst.data_ptr() != src.data_ptr():
             dst.copy_(src)
         self.epoch += 1
-        self.kernel.launch(src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8), self.stage, self.ready,
-                           self.done, self.src, self.epoch, max(self.epoch - 2, 0))
+        self.kernel.launch(src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8), *self._bufs, self.epoch,
+                           max(self.epoch - 2, 0))
         if dst is not out:
             out.copy_(dst)
         return out
@@ -236,3 +191,19 @@ def broadcast(tensor, src: int):
         bc(flat)
         tensor.copy_(flat.view(tensor.shape))
     return tensor
+
+
+# ------------------------------------------------------------------------------------- registry
+def run_pull(tensor, src):
+    """torch: ``dist.broadcast(tensor, src)``; every rank reads `src`'s staged copy."""
+    broadcast(tensor.view(-1), src)
+
+
+def serve(world_size, tensor, src, group_src, **_):
+    """A ``torch.distributed.broadcast(tensor, src, group, async_op, group_src)`` call as a plan runs it."""
+    return registry.rooted_call(world_size, tensor, src, group_src, "src")
+
+
+COLLECTIVE = registry.collective("broadcast", torch_name="broadcast", algos={"pull": registry.Algorithm(run_pull)},
+                                 tensors=("tensor",), serve=serve, kernels=kernels, bench=registry.rooted_bench(Broadcast),
+                                 busbw=lambda W: 1.0, exact=True, module=__name__)

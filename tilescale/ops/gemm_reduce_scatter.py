@@ -26,11 +26,11 @@ Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e 
 import tilescale
 import tilescale.language as T
 
-from . import op_cache
-from . import checks, vectors
-from .ag_gemm import check_problem
-from .capture import refuse_graph_capture
-from .gemm import GemmConfig, check, gemm_config
+from . import checks, op_cache, vectors
+from .base import Op
+from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
+
+__all__ = ["GemmRS", "gemm_rs"]
 
 
 @tilescale.jit
@@ -45,21 +45,11 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
     def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((M, N), dtype),
                      done: T.Tensor((tiles_m,), "uint64")):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
-            Xs = T.alloc_shared((block_m, block_k), dtype)
-            Ws = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
-            T.use_swizzle(panel_size=max(swizzle, 1), enable=swizzle > 0)
+            Xs, Ws, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(X[rb * block_m, ko * block_k], Xs)
-                T.copy(Wt[ko * block_k, bx * block_n], Ws)
-                T.gemm(Xs, Ws, Cl)
-            T.copy(Cl, Cs)
-            T.copy(Cs, P[rb * block_m, bx * block_n], disable_tma=True)  # vector stores by every thread...
-            T.atom_add(done[rb], 1, scope="sys", sem="release")         # ...each released by its thread
+            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, True)   # vector stores by every thread...
+            T.atom_add(done[rb], 1, scope="sys", sem="release")       # ...each released by its thread
 
     return gemm_rs_gemm
 
@@ -101,36 +91,29 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
     return gemm_rs_reduce
 
 
-def kernel_args(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
-                config: GemmConfig | None = None) -> tuple[tuple, tuple]:
-    """Arguments of (:func:`gemm_rs_gemm_kernel`, :func:`gemm_rs_reduce_kernel`) for this problem."""
-    cfg = config or gemm_config(M, N, K_local, world_size=world_size, op="gemm_rs")
-    if M % (world_size * cfg.block_m):
-        raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")
-    why = check(cfg, M, N, K_local, world_size=world_size, op="gemm_rs")
-    if why:
-        raise ValueError(f"config: got {cfg}, which cannot run this problem: {why}")
+def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
+            config: GemmConfig | None = None) -> list:
+    """[(jit function, args)] of the GEMM and the reduction :class:`GemmRS` compiles for this problem."""
+    cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs", config=config)
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = cfg.threads * (N // cfg.block_n)
-    return ((M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
-             cfg.swizzle),
-            (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))
+    return [(gemm_rs_gemm_kernel, (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k,
+                                   cfg.stages, cfg.threads, cfg.swizzle)),
+            (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
 
 
-class GemmRS:
+class GemmRS(Op):
     """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct."""
+
+    NAME, KERNEL = "GemmRS", "gemm_rs"
 
     def __init__(self, M: int, N: int, K_local: int, dtype, *, reduce_blocks: int = 20,
                  config: GemmConfig | None = None):
         import torch
 
-        from .. import runtime, symm
-        from .checks import require_same_on_all_ranks
-
-        rt = runtime.current()
-        with checks.deferred("GemmRS") as d:
+        with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config):
             check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
             checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
             try:
@@ -140,33 +123,15 @@ class GemmRS:
             if sms is not None and reduce_blocks >= sms:
                 checks.fail("GemmRS", "reduce_blocks", repr(reduce_blocks), f"fewer than the {sms} SMs of this GPU "
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
-            W = rt.info.world_size
-            gemm_args, reduce_args = kernel_args(M, N, K_local, W, checks.dtype_name(dtype), reduce_blocks, config)
-        require_same_on_all_ranks("GemmRS", d.error, M=M, N=N, K_local=K_local, dtype=dtype,
-                                  reduce_blocks=reduce_blocks, config=config)
-        W = self.world_size = rt.info.world_size
-        self.rank = rt.info.rank
-        self.gemm_args, self.reduce_args = gemm_args, reduce_args
+            [(gemm_fn, self.gemm_args), (reduce_fn, self.reduce_args)] = kernels(
+                M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config)
         self.block_m = self.gemm_args[5]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
-        self.P = [symm.empty((M, N), dtype=dtype) for _ in range(2)]
-        self.done = symm.zeros((M // self.block_m,), dtype=torch.uint64)
-        self.epoch = 0
+        self.P = [self.symmetric((M, N), dtype) for _ in range(2)]
+        self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
         self.stream = torch.cuda.Stream(priority=-1)
-        self.gemm = gemm_rs_gemm_kernel(*self.gemm_args)
-        self.reduce = gemm_rs_reduce_kernel(*self.reduce_args)
-        self.gemm.prepare()
-        self.reduce.prepare()
-        self.device = checks.this_device()
-        self._check = checks.CallCheck("GemmRS")
-        self._order = checks.StreamOrder(self.device)
-
-    def close(self) -> None:
-        """Free this op's symmetric buffers (collective)."""
-        from .. import symm
-
-        for t in (*self.P, self.done,):
-            symm.free(t)
+        self.gemm, _ = self.build(gemm_fn, self.gemm_args)
+        self.reduce, _ = self.build(reduce_fn, self.reduce_args)
 
     def _validate(self, x, w, out) -> None:
         """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
@@ -180,14 +145,14 @@ class GemmRS:
             checks.check_tensor("GemmRS", "out", out, shape=(self.M // self.world_size, self.N), dtype=dt, device=d,
                                 contiguous=True, aligned=True, what="M / world_size rows")
 
+    def call_key(self, x, w, out):
+        return checks.signature(x, True), checks.signature(w, True), checks.signature(out, True)
+
     def __call__(self, x, w, out=None):
-        refuse_graph_capture("GemmRS")
         import torch
 
-        self._check((checks.signature(x, True), checks.signature(w, True), checks.signature(out, True)),
-                    self._validate, x, w, out)
+        self.begin(x, w, out)
         main = torch.cuda.current_stream()
-        self._order(main.cuda_stream)  # another stream than the last call's: ordered after that one
         self.epoch += 1
         P = self.P[self.epoch % 2]
         c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
@@ -226,7 +191,6 @@ def gemm_rs(x, w):
     rank's slice of `x` is padded with zero rows (one copy of `x`; zero rows add nothing) and the padding
     rows of the result are dropped."""
     from .. import runtime
-    from .ag_gemm import padded_rows
 
     rt = checks.runtime_or_none()
     _fn_check((checks.signature(x), checks.signature(w)), _validate_fn, x, w,

@@ -1,0 +1,183 @@
+"""What the host side of every tilescale op shares: :class:`Op`.
+
+An op file holds its configuration, its buffers and its kernel (ThunderKittens' ``kernels/parallel``
+layout); the steps around them are written once, here:
+
+1. construction (collective): ``with self.arguments(**raw_args): <checks>`` takes the runtime handle
+   (``rt``, ``world_size``, ``rank``), runs the checks with their errors held back, then makes every rank
+   agree that all passed the same arguments and that all found them valid
+   (:func:`~tilescale.ops.checks.require_same_on_all_ranks`: a rank never raises alone);
+2. :meth:`Op.symmetric` allocates the op's symmetric buffers (collectively), which :meth:`Op.close` frees;
+   :meth:`Op.build` compiles the kernel and finds its direct entry point
+   (:func:`~tilescale.ops.direct_launch.direct_entry`);
+3. every call starts with :meth:`Op.begin`: refuse CUDA graph capture, run the call checks
+   (``_validate``, agreed across ranks once per argument signature) and order a change of the current
+   stream after the previous call's (:class:`~tilescale.ops.checks.StreamOrder`); ``self.epoch`` counts
+   the calls (receive buffers are double-buffered by its parity);
+4. the launch: :meth:`Op.launch_direct` with raw pointers when the tensors are as the kernel wants them
+   (one ctypes call), else the checked ``kernel.launch`` on staged copies (:meth:`Op.scratch`: padded
+   scratch tensors owned by the op).
+"""
+import contextlib
+import math
+
+from . import checks
+from .capture import refuse_graph_capture
+from .direct_launch import direct_entry
+from .vectors import stream_getter, vector_view
+
+
+class Op:
+    """Base of the ops' classes. A subclass sets ``NAME`` (its class name, in messages) and ``KERNEL``
+    (its kernel's name, in launch errors); the call checks (``_validate``) are those of ``op(x, out=None)``
+    with `x` of ``shape`` and `out` of ``out_shape``, both of ``dtype`` (``X_WHAT`` / ``OUT_WHAT``: why,
+    in messages), unless it defines its own."""
+
+    NAME = "Op"
+    KERNEL = "op"
+    X_WHAT = OUT_WHAT = ""
+    out_shape = None      # None: ``shape``
+
+    # ------------------------------------------------------------------------------- construction
+    @contextlib.contextmanager
+    def arguments(self, **args):
+        """``with self.arguments(**args): <checks>``: the runtime handle first (``self.rt``,
+        ``self.world_size``, ``self.rank``); then the checks in the block, whose argument errors are held
+        back until every rank has learnt whether all passed equal `args` (the raw arguments) and whether
+        any rank's checks failed: then every rank raises, or none does. Sets up the call checks, the stream
+        order and the epoch."""
+        from .. import runtime
+
+        self.rt = runtime.current()
+        self.world_size, self.rank = self.rt.info.world_size, self.rt.info.rank
+        with checks.deferred(self.NAME) as d:
+            yield args      # the block may complete an argument (a default it resolved)
+        checks.require_same_on_all_ranks(self.NAME, d.error, **args)
+        self.device = checks.this_device()
+        self._check = checks.CallCheck(self.NAME)
+        self._agreed = self._check.agreed
+        self._order = checks.StreamOrder(self.device)
+        self._stream = stream_getter()
+        self._buffers, self._scratch = [], {}
+        self.epoch = 0
+
+    def symmetric(self, shape, dtype, *, zero: bool = False):
+        """A symmetric tensor of this op (collective; zero-filled with `zero`), freed by :meth:`close`. When
+        it cannot be allocated (e.g. the heap is exhausted: on every rank alike), the op's buffers allocated
+        so far are freed before the error propagates."""
+        from .. import symm
+
+        try:
+            t = (symm.zeros if zero else symm.empty)(shape, dtype=dtype)
+        except BaseException:
+            self.close()
+            raise
+        self._buffers.append(t)
+        return t
+
+    def build(self, fn, args: tuple, names: tuple | None = None):
+        """(kernel, direct entry or None): ``fn(*args)`` compiled and loaded, and its C entry point when its
+        parameters are `names` (+ the stream)."""
+        kernel = fn(*args)
+        kernel.prepare()
+        return kernel, (direct_entry(kernel, names) if names else None)
+
+    def close(self) -> None:
+        """Free this op's symmetric buffers (collective)."""
+        from .. import symm
+
+        while self._buffers:
+            symm.free(self._buffers.pop(0))
+
+    # ------------------------------------------------------------------------------------- calls
+    def _validate(self, x, out) -> None:
+        """The call checks (agreed across ranks): `x` of this op's shape and dtype on this GPU, `out` (None: the
+        op's choice) of its output shape and dtype on this GPU (any strides: staged)."""
+        checks.check_tensor(self.NAME, "x", x, shape=self.shape, dtype=self.dtype, device=self.device,
+                            what=self.X_WHAT)
+        if out is not None:
+            checks.check_tensor(self.NAME, "out", out, shape=self.shape if self.out_shape is None else self.out_shape,
+                                dtype=self.dtype, device=self.device, what=self.OUT_WHAT)
+
+    def call_key(self, x, out):
+        """What the call checks read of the arguments: a signature agreed before costs one lookup."""
+        return (type(x), x.dtype, x.shape, x.device,
+                None if out is None else (type(out), out.dtype, out.shape, out.device))
+
+    def begin(self, *args) -> int:
+        """The first steps of every call (see the module docstring); returns the current stream's handle."""
+        refuse_graph_capture(self.NAME)
+        try:
+            key = self.call_key(*args)
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, *args)
+        return self.ordered_stream()
+
+    def ordered_stream(self) -> int:
+        """The current stream's handle, after ordering it behind the previous call's stream if it changed."""
+        stream = self._stream()
+        if stream != self._order.handle:  # another stream than the last call's: order it after that one
+            self._order.switch(stream)
+        return stream
+
+    def launch_direct(self, *args) -> None:
+        """Launch through the kernel's C entry point (raw pointers and ints, the stream last)."""
+        fn, err = self._direct
+        if fn(*args) != 0:
+            raise RuntimeError(f"{self.KERNEL} kernel launch failed: {err().decode(errors='replace')}")
+
+    def scratch(self, name: str, shape, *, zero: bool = False):
+        """A tensor of this op's dtype on this GPU, made on first use and kept (staging of arguments the
+        kernel cannot take as they are)."""
+        t = self._scratch.get(name)
+        if t is None:
+            import torch
+
+            dev = torch.device("cuda", torch.cuda.current_device())
+            t = (torch.zeros if zero else torch.empty)(shape, dtype=self.dtype, device=dev)
+            self._scratch[name] = t
+        return t
+
+    def launch_args(self, *args) -> None:
+        """The kernel's arguments between the input / output and the epoch, the same on every call: the op's
+        buffers (tensors) and ints (:meth:`launch_vectors`)."""
+        self._bufs = args
+        self._ptrs = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in args)
+
+    def launch_vectors(self, x, out, stream, dim: int, x_groups: int, x_shape: tuple, out_shape: tuple, *,
+                       writes_out: bool = True):
+        """The launch of a kernel ``(x, out, *launch_args, epoch)`` that sees its input as `x_shape` and its
+        output as `out_shape`, runs of 16-byte vectors (the reducing collectives, :mod:`.vectors`) with `dim`
+        their run-time size: with raw pointers when both tensors are contiguous, 16-byte aligned and fill whole
+        vectors; else through the op's padded scratch tensors (`x` as `x_groups` equal runs, each padded with
+        zeros; one copy in, and one out unless the kernel leaves `out` alone on this rank: `writes_out`).
+        `out` None: a new tensor of the op's output shape. Returns `out`."""
+        if out is None:
+            import torch
+
+            out = torch.empty(self.shape if self.out_shape is None else self.out_shape, dtype=self.dtype,
+                              device=x.device)
+        if x.numel() == 0:
+            return out
+        if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
+            xp, op = x.data_ptr(), out.data_ptr()
+            if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
+                self.epoch += 1
+                self.launch_direct(xp, op, *self._ptrs, self.epoch, dim, stream)
+                return out
+        xv, ov = vector_view(x, x_shape), vector_view(out, out_shape)
+        if xv is None:
+            n = x.numel() // x_groups
+            xpad = self.scratch("x", (x_groups, math.prod(x_shape) // x_groups), zero=True)
+            xpad[:, :n].copy_(x.reshape(x_groups, n))
+            xv = xpad.view(x_shape)
+        if ov is None:
+            ov = self.scratch("out", out_shape)
+        self.epoch += 1
+        self.kernel.launch(xv, ov, *self._bufs, self.epoch)
+        if writes_out and (ov.data_ptr() != out.data_ptr() or not out.is_contiguous()):
+            out.copy_(ov.view(-1)[:out.numel()].view(out.shape))
+        return out
