@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tilescale  # noqa: E402
 from timing import environment, fmt_bytes, print_table, time_op, write_json  # noqa: E402
+
+import tilescale  # noqa: E402
 
 NVLINK_GBPS = 450.0
 

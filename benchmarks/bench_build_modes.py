@@ -21,10 +21,11 @@ import tilelang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from timing import time_op  # noqa: E402
+
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
 from tilescale.ops.gemm import tile_buffers, tile_loop  # noqa: E402
-from timing import time_op  # noqa: E402
 
 
 def gemm_func(M, N, K, with_quiet, BM=128, BN=256, BK=64, stages=3):

@@ -27,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tilescale  # noqa: E402
 from timing import environment, fmt_bytes, print_table, time_op, write_json  # noqa: E402
+
+import tilescale  # noqa: E402
 
 
 def cases() -> list[tuple[str, object, str]]:
@@ -118,7 +119,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--write-tuning", help="write the tuning table (where ours wins) to this path")
-    ap.add_argument("--ops", help="comma-separated subset of the cases (default: all), e.g. allreduce_one_shot,broadcast")
+    ap.add_argument("--ops", help="comma-separated subset of the cases (default: all), "
+                                  "e.g. allreduce_one_shot,broadcast")
     ap.add_argument("--step", type=int, default=2, help="size step in powers of two (2: powers of 4)")
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     a = ap.parse_args()

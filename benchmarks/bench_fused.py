@@ -17,8 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tilescale  # noqa: E402
 from timing import environment, print_table, time_op, write_json  # noqa: E402
+
+import tilescale  # noqa: E402
 
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
              (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]

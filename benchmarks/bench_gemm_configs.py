@@ -208,7 +208,7 @@ def run(args) -> None:
     kernels, errors = compile_all(builds, args.workers, build_only=False)
     gpu = torch.cuda.get_device_name()
     shapes = {}   # (M, N, K, epilogue) -> [keys]
-    for op, W, shape in problems():
+    for op, _W, shape in problems():
         e = epilogue_of(op)
         shapes.setdefault((*shape, e), [kernel_key(c, e) for c in candidates(e)])
     measured = {}
@@ -275,10 +275,10 @@ def print_table(title, header, rows) -> None:
     cells = [[str(c) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
     print(f"\n{title}")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) + " |")
 
 
 def dry_run() -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from timing import environment, fmt_bytes, print_table, time_op, write_json  # noqa: E402
+
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
-from timing import environment, fmt_bytes, print_table, time_op, write_json  # noqa: E402
 
 NVSHMEM_CEILING = {1 << 20: 155.0, 64 << 20: 344.0, 256 << 20: 352.0}
 

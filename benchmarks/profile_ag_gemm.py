@@ -200,7 +200,7 @@ def build(world_size: int, shape=(8192, 8192, 2048)) -> None:
     from tilescale.toolchain import stub_libcuda_dir
 
     jobs, stamp = _jobs(*shape, world_size)
-    for (fn, args), what in zip(jobs[:2], ("without", "with")):
+    for (fn, args), what in zip(jobs[:2], ("without", "with"), strict=False):
         r = fn.build(*args)
         print(f"built {r.library} ({what} timestamps)")
     d = stub_libcuda_dir()
@@ -240,13 +240,13 @@ def _cpu_us(fn, n: int = 100) -> float:
 
 def run(info, a) -> None:
     import torch
+    from timing import environment, print_table, time_op, write_json
 
     import tilescale.profiler as tp
     from tilescale import staged_collectives
     from tilescale.ops import prebuild
-    from tilescale.ops.allgather_gemm import AGGemm
     from tilescale.ops.allgather import AllGather
-    from timing import environment, print_table, time_op, write_json
+    from tilescale.ops.allgather_gemm import AGGemm
 
     dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tilescale  # noqa: E402
 from timing import environment, print_table, write_json  # noqa: E402
+
+import tilescale  # noqa: E402
 
 MIB = 1 << 20
 
@@ -134,7 +135,8 @@ def run(info, args):
     keys = ("allocated_mib", "reserved_mib", "device_used_mib")
     drift = {k: max(r[k] for r in checks) - base[k] for k in keys}
     warmup = {k: base[k] - checks[0][k] for k in keys}
-    steady = drift["allocated_mib"] <= args.alloc_tolerance_mib and drift["device_used_mib"] <= args.device_tolerance_mib
+    steady = (drift["allocated_mib"] <= args.alloc_tolerance_mib
+              and drift["device_used_mib"] <= args.device_tolerance_mib)
     if rank == 0:
         rows = [[r["iter"], f"{r['max_rel_err']:.2e}", f"{r['allocated_mib']:.1f}", f"{r['reserved_mib']:.1f}",
                  f"{r['device_used_mib']:.0f}", f"{r['us_per_iter']:.1f}" if "us_per_iter" in r else "-"]

@@ -50,8 +50,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import tilescale  # noqa: E402
 from timing import environment, print_table, write_json  # noqa: E402
+
+import tilescale  # noqa: E402
 
 MIB = 1 << 20
 OPS = ("gemm_rs", "ag_gemm", "all_gather", "all_reduce_one_shot", "all_reduce_two_shot", "reduce_scatter",
@@ -113,14 +114,22 @@ def stream_plan(W: int, args) -> tuple[dict, list]:
 
 def a2a_capacity(matrix) -> int:
     """Rows of the AllToAll all_to_all_single builds for variable splits (tilescale/ops/all_to_all.py)."""
-    most = max(sum(col) for col in zip(*matrix))
+    most = max(sum(col) for col in zip(*matrix, strict=False))
     return 1 << max(0, (most - 1).bit_length())
 
 
 def jobs(world_size: int, sms: int, args) -> list:
     """(jit function, args) of every kernel this soak builds at `world_size` on a GPU of `sms` SMs."""
-    from tilescale.ops import (all_to_all, allgather, allgather_gemm, allreduce, broadcast_from_root,
-                               gemm_reduce_scatter, prebuild, reduce_scatter)
+    from tilescale.ops import (
+        all_to_all,
+        allgather,
+        allgather_gemm,
+        allreduce,
+        broadcast_from_root,
+        gemm_reduce_scatter,
+        prebuild,
+        reduce_scatter,
+    )
 
     W, dt = world_size, args.dtype
     es = 4 if dt == "float32" else 2
@@ -571,7 +580,7 @@ def random_stream(ctx, args) -> dict:
         nonlocal max_err
         tilescale.synchronize()
         errs = []
-        for c, kind, desc, got, ref in pending:
+        for c, _kind, desc, got, ref in pending:
             e = abs_err(got, ref())
             errs.append((e if math.isfinite(e) else math.inf, c, desc))
         pending.clear()

@@ -43,10 +43,10 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     print(f"\n{title}")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) + " |")
 
 
 def write_json(path: str | None, payload: dict) -> None:

@@ -87,7 +87,7 @@ def test_a_wait_that_gave_up_gives_its_rank_time_to_report_before_the_others_sto
     monkeypatch.setattr(diagnostics.os, "_exit", lambda code: calls.append(code))
     monkeypatch.setattr(diagnostics.time, "sleep", slept.append)
     diagnostics.failing.clear()
-    for value, grace in ((f"1|wait|rank 1, block 0, thread 0: T.wait_until at x.py:3 gave up", diagnostics.STOP_GRACE_S),
+    for value, grace in (("1|wait|rank 1, block 0, thread 0: T.wait_until at x.py:3 gave up", diagnostics.STOP_GRACE_S),
                          ("1|RuntimeError: boom", 0.5)):
         store = FakeStore()
         store.set(diagnostics.STORE_KEY, value)

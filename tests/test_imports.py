@@ -45,7 +45,8 @@ def imports(path: Path, me: str, known) -> set[str]:
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             f = node.func    # importlib.import_module("tilescale.x") / sys.modules.get("tilescale.x")
-            if isinstance(f, ast.Attribute) and f.attr in ("import_module", "get") and isinstance(node.args[0].value, str):
+            if (isinstance(f, ast.Attribute) and f.attr in ("import_module", "get")
+                    and isinstance(node.args[0].value, str)):
                 names = [node.args[0].value]
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value,
                                                                                                     str):

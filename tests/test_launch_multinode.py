@@ -11,10 +11,9 @@ import sys
 import time
 
 import pytest
+from test_launch_sh import FAKE_PYTHON, LAUNCH
 
 from tilescale import testing
-
-from test_launch_sh import FAKE_PYTHON, LAUNCH
 
 NODES, GPUS = 2, 2
 WORLD = NODES * GPUS
@@ -72,7 +71,7 @@ def test_two_launches_form_one_job(tmp_path):
             job.wait_for(r"\[rank \d+\] SUM", GPUS, timeout=240)
             started += jobs.session_members(job.sid)
         codes = [job.wait(timeout=120) for job in launched]
-        out = {node: job.output for node, job in zip((1, 0), launched)}
+        out = {node: job.output for node, job in zip((1, 0), launched, strict=False)}
         seen = {node: _env_lines(text) for node, text in out.items()}
         started += [int(e["pid"]) for lines in seen.values() for e in lines]
         everything = "\n".join(f"--- node {n} ---\n{t[-4000:]}" for n, t in out.items())

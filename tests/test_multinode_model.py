@@ -73,12 +73,12 @@ def test_times_grow_with_node_count(model):
             for v in model.VARIANTS:
                 ts = [model.collective_time(op, v, n, size / (n * model.P0.g)) for n in nodes]
                 ts = [t for t in ts if t is not None]
-                assert all(a <= b + 1e-12 for a, b in zip(ts, ts[1:])), (op, size, v, ts)
+                assert all(a <= b + 1e-12 for a, b in zip(ts, ts[1:], strict=False)), (op, size, v, ts)
     for op, shapes in (("ag_gemm", model.AG_GEMM_SHAPES), ("gemm_rs", model.GEMM_RS_SHAPES)):
         for shape in shapes:
             for v in model.VARIANTS:
                 ts = [f.time for f in (model.fused(op, v, shape, n) for n in nodes) if f is not None]
-                assert all(a <= b + 1e-9 for a, b in zip(ts, ts[1:])), (op, shape, v, ts)
+                assert all(a <= b + 1e-9 for a, b in zip(ts, ts[1:], strict=False)), (op, shape, v, ts)
 
 
 def test_selector_rule_agrees_with_the_model(model):

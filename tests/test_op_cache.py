@@ -44,8 +44,8 @@ def test_clear_all_forgets_every_cache_without_closing():
 def test_collective_functions_use_closing_caches():
     import importlib
 
-    for mod, names in (("allreduce", ["_cached"]), ("reduce_scatter", ["_cached"]), ("broadcast_from_root", ["_cached"]),
-                       ("all_to_all", ["_cached", "_cached_v"])):
+    for mod, names in (("allreduce", ["_cached"]), ("reduce_scatter", ["_cached"]),
+                       ("broadcast_from_root", ["_cached"]), ("all_to_all", ["_cached", "_cached_v"])):
         m = importlib.import_module(f"tilescale.ops.{mod}")
         for n in names:
             c = getattr(m, n)

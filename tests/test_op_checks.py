@@ -13,6 +13,7 @@ from tilescale.ops import all_to_all, allgather, allreduce, base, checks, reduce
 from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
 from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
+
 CPU = torch.device("cpu")
 
 

@@ -226,7 +226,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     out = torch.empty(W * src.numel(), dtype=torch.uint8)
     _td.all_gather_into_tensor(out, src, group=group)
     with torch.no_grad():
-        for t, b in zip(tensor_list, out.view(W, -1)):
+        for t, b in zip(tensor_list, out.view(W, -1), strict=False):
             _from_bytes(t, b)
     return _done(async_op, tensor_list)
 

@@ -74,12 +74,13 @@ def run(info, iters: int = 4) -> None:
             eq = [[rows // W] * W for _ in range(W)]
             xs = [data(rank, rows, cols, s, dtype) for s in steps]
             outs = [torch.full((rows, cols), float("nan"), device="cuda", dtype=dtype) for _ in steps]
-            for s, x, o in zip(steps, xs, outs):
+            for s, x, o in zip(steps, xs, outs, strict=False):
                 torch.cuda._sleep(((rank * 7 + s * 13) % 5) * 20_000)
                 a2a(x, out=o)
             torch.cuda.synchronize()
-            for s, o in zip(steps, outs):
-                testing.check_close(f"all_to_all {name} cols={cols} call {s}", o, want(rank, W, eq, cols, s, dtype), rank)
+            for s, o in zip(steps, outs, strict=False):
+                testing.check_close(f"all_to_all {name} cols={cols} call {s}", o, want(rank, W, eq, cols, s, dtype),
+                                    rank)
             ref = torch.empty_like(xs[-1])
             dist.all_to_all_single(ref, xs[-1])
             testing.check_close(f"all_to_all {name} cols={cols} vs NCCL", outs[-1], ref, rank)
@@ -108,7 +109,7 @@ def run(info, iters: int = 4) -> None:
                 all_to_all_single(o, x, output_split_sizes=recv, input_split_sizes=m[rank])
                 results.append((s, m, x, recv, o))
             torch.cuda.synchronize()
-            for s, m, x, recv, o in results:
+            for s, m, _x, _recv, o in results:
                 testing.check_close(f"all_to_all_single() {name} cols={cols} splits {m} call {s}", o,
                                     want(rank, W, m, cols, s, dtype), rank)
             s, m, x, recv, o = results[-1]

@@ -68,11 +68,11 @@ def run(info, iters: int = 4) -> None:
                 step += iters
                 xs = [data(rank, n, s, dtype) for s in steps]
                 outs = [torch.full((n,), float("nan"), device="cuda", dtype=dtype) for _ in steps]
-                for s, x, o in zip(steps, xs, outs):   # back to back, no host synchronisation
+                for s, x, o in zip(steps, xs, outs, strict=False):   # back to back, no host synchronisation
                     skew(rank, s)
                     ar(x, out=o)
                 torch.cuda.synchronize()
-                for s, o in zip(steps, outs):
+                for s, o in zip(steps, outs, strict=False):
                     testing.check_close(f"allreduce {algo} ({ar.algo}) {name} n={n} call {s}", o, want(W, n, s, dtype),
                                         rank)
                 ref = xs[-1].clone()

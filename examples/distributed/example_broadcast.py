@@ -49,11 +49,11 @@ def run(info, iters: int = 4) -> None:
                 step += iters
                 xs = [data(rank, n, s, dtype) if rank == src else torch.full((n,), float("nan"), device="cuda",
                                                                              dtype=dtype) for s in steps]
-                for s, x in zip(steps, xs):            # in place, back to back
+                for s, x in zip(steps, xs, strict=False):            # in place, back to back
                     torch.cuda._sleep(((rank * 7 + s * 13) % 5) * 20_000)
                     assert bc(x) is x
                 torch.cuda.synchronize()
-                for s, x in zip(steps, xs):
+                for s, x in zip(steps, xs, strict=False):
                     testing.check_close(f"broadcast {name} n={n} src={src} call {s}", x, data(src, n, s, dtype), rank)
                 # into another tensor, leaving x alone
                 x = data(rank, n, steps[0], dtype)

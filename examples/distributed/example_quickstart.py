@@ -1,8 +1,11 @@
-# examples/distributed/example_quickstart.py (the README's quickstart): each rank puts a tile into the next rank's buffer, signals, and waits for its own.
+# examples/distributed/example_quickstart.py (the README's quickstart, as a test): each rank puts a tile into the
+# next rank's buffer, signals, and waits for its own.
 #   GPUS=2 bash launch.sh examples/distributed/example_quickstart.py
 import torch
+
 import tilescale
 import tilescale.language as T
+
 
 @tilescale.jit
 def ring(n: int, world_size: int):

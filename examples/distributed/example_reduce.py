@@ -63,11 +63,11 @@ def run(info, iters: int = 4) -> None:
                 step += iters
                 xs = [data(rank, n, s, dtype) for s in steps]
                 outs = [torch.full((n,), float("nan"), device="cuda", dtype=dtype) for _ in steps]
-                for s, x, o in zip(steps, xs, outs):   # back to back, no host synchronisation
+                for s, x, o in zip(steps, xs, outs, strict=False):   # back to back, no host synchronisation
                     torch.cuda._sleep(((rank * 7 + s * 13) % 5) * 20_000)
                     assert red(x, out=o) is o
                 torch.cuda.synchronize()
-                for s, x, o in zip(steps, xs, outs):
+                for s, x, o in zip(steps, xs, outs, strict=False):
                     what = f"reduce {name} n={n} dst={dst} call {s}"
                     testing.check_close(what + " x untouched", x, data(rank, n, s, dtype), rank)
                     if rank == dst:
@@ -149,7 +149,8 @@ def test_reduce_is_registered():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert ("reduce", c, "push") in mod.cases()
-    assert tilescale.ops.reduce is reduce and tilescale.ops.Reduce is Reduce and tilescale.ops.reduce_to_root.COLLECTIVE is c
+    assert tilescale.ops.reduce is reduce and tilescale.ops.Reduce is Reduce
+    assert tilescale.ops.reduce_to_root.COLLECTIVE is c
     call = c.serve(2, tensor=torch.zeros(8), dst=None, group_dst=1)
     assert call.args == (1,) and call.msg_bytes == 32 and c.serve(2, tensor=torch.zeros(8), dst=2, group_dst=None)
 

@@ -63,11 +63,11 @@ def run(info, iters: int = 4) -> None:
             step += iters
             xs = [data(rank, shape, s, dtype) for s in steps]
             outs = [torch.full(out_shape, float("nan"), device="cuda", dtype=dtype) for _ in steps]
-            for s, x, o in zip(steps, xs, outs):       # back to back, no host synchronisation
+            for s, x, o in zip(steps, xs, outs, strict=False):       # back to back, no host synchronisation
                 torch.cuda._sleep(((rank * 7 + s * 13) % 5) * 20_000)
                 rs(x, out=o)
             torch.cuda.synchronize()
-            for s, o in zip(steps, outs):
+            for s, o in zip(steps, outs, strict=False):
                 testing.check_close(f"reduce_scatter {name} {shape} call {s}", o, want(rank, W, shape, s, dtype), rank)
             ref = torch.empty(out_shape, device="cuda", dtype=dtype)
             dist.reduce_scatter_tensor(ref, xs[-1])

@@ -44,7 +44,7 @@ def block(x, ln_w, w1, w2):
     """This rank's tokens x (rows, H) -> (rows, H); ln_w (H,), w1 (H, F/W), w2 (F/W, H): its shards."""
     import torch.nn.functional as F
 
-    from tilescale.ops import torch_ops   # torch.ops.tilescale.* (imported here: it imports torch._dynamo)
+    from tilescale.ops import torch_ops  # torch.ops.tilescale.* (imported here: it imports torch._dynamo)
 
     h = F.layer_norm(x, (x.shape[-1],), ln_w)
     h = F.gelu(torch_ops.ag_gemm(h, w1), approximate="tanh")   # column-parallel: (T, F/W)

@@ -63,7 +63,7 @@ def other_bound_jobs(world_size: int) -> list:
     barrier, ring = compiler.barrier_jit(), importlib.import_module("teardown_main").ring_kernel
     hang = importlib.import_module("hang_main").never_signalled
     jobs = [(barrier, (world_size,), 3.0), (hang, (world_size,), 3.0)]   # the injected hang
-    for bound in (0.0, 5.0):                                              # raise_one*, never_barrier, caught_exit, kill9
+    for bound in (0.0, 5.0):                  # raise_one*; never_barrier, caught_exit, kill9
         jobs += [(barrier, (world_size,), bound), (ring, (1 << 16, world_size), bound)]
     return jobs
 
@@ -97,8 +97,9 @@ def _compile(fn, pf, args, bound: float):
 
 def all_jobs(sizes: list[int]) -> list:
     """Every (label, zero-argument compile) for these world sizes; elaborated here, in this thread."""
-    import tilescale
     from example_ring_put import ring_put_kernel
+
+    import tilescale
 
     work = []
     for ws in sizes:

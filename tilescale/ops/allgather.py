@@ -47,9 +47,10 @@ stays valid for good. Calls must not be captured in a CUDA graph (r changes ever
 """
 import math
 
+from tilelang import tvm
+
 import tilescale
 import tilescale.language as T
-from tilelang import tvm
 
 from ..profiler import session as profiling
 from . import checks, op_cache, registry
@@ -146,7 +147,7 @@ class AllGather(Op):
         self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
                                                ("x", "out", "arrived", "round_no", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
-        self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived)]
+        self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived, strict=False)]
 
     @property
     def out(self):
@@ -265,6 +266,7 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("allgather", torch_name="all_gather_into_tensor", aliases=("all_gather",),
-                                 algos={"push": registry.Algorithm(run_push)}, tensors=("output_tensor", "input_tensor"),
+                                 algos={"push": registry.Algorithm(run_push)},
+                                 tensors=("output_tensor", "input_tensor"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

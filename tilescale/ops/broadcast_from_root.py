@@ -205,5 +205,6 @@ def serve(world_size, tensor, src, group_src, **_):
 
 
 COLLECTIVE = registry.collective("broadcast", torch_name="broadcast", algos={"pull": registry.Algorithm(run_pull)},
-                                 tensors=("tensor",), serve=serve, kernels=kernels, bench=registry.rooted_bench(Broadcast),
+                                 tensors=("tensor",), serve=serve, kernels=kernels,
+                                 bench=registry.rooted_bench(Broadcast),
                                  busbw=lambda W: 1.0, exact=True, module=__name__)

@@ -17,9 +17,10 @@ gathered output for allgather, of the whole input for reduce-scatter and all-to-
 """
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import TileScaleError
 

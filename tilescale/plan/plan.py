@@ -23,8 +23,9 @@ import inspect
 import json
 import threading
 import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..ops.registry import MAX_MSG_SIZE, PlanUnsupportedError  # noqa: F401  (re-exported: tilescale.plan's names)
 from ..ops.registry import canonical as canonical_collective
@@ -78,7 +79,7 @@ def source_hash(algo) -> str:
     except (OSError, TypeError):
         code = getattr(inspect.unwrap(fn) if inspect.isfunction(fn) else fn, "__code__", None)
         if code is None:
-            call = getattr(type(fn), "__call__", None)
+            call = getattr(type(fn), "__call__", None)   # noqa: B004  (the method, for its code object)
             code = getattr(call, "__code__", None)
         if code is None:
             raise ValueError(f"algo: got {algo!r}, whose source and code object are both unavailable; expected "

@@ -17,8 +17,9 @@ every rank chose the same plan, and raises :class:`PlanMismatchError` on every r
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import CollectiveMismatchError
 from . import registry
@@ -37,8 +38,8 @@ class Request:
 
     ``msg_bytes`` follows nccl-tests' "size" (each collective's entry in tilescale.ops.registry computes
     it): the tensor for allreduce and broadcast, the whole gathered output for allgather, the whole input
-    for reduce-scatter and all-to-all (in bytes, per rank). ``dtype`` is torch's name without the prefix ("bfloat16"), ``device`` the tensor's device
-    type ("cuda")."""
+    for reduce-scatter and all-to-all (in bytes, per rank). ``dtype`` is torch's name without the prefix
+    ("bfloat16"), ``device`` the tensor's device type ("cuda")."""
 
     collective: str
     msg_bytes: int
