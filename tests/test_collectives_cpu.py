@@ -163,8 +163,8 @@ def test_functions_reject_bad_arguments_before_any_collective():
         allreduce.all_reduce(cpu, op="max")
     with pytest.raises(ValueError, match=r"all_reduce: algo: got 'ring'"):
         allreduce.all_reduce(cpu, algo="ring")
-    with pytest.raises(ValueError,
-                       match=r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, expected a CUDA tensor"):
+    want = r"all_reduce: tensor: got a float32 tensor of shape \(8,\) on cpu, expected a CUDA tensor"
+    with pytest.raises(ValueError, match=want):
         allreduce.all_reduce(cpu)
     with pytest.raises(ValueError, match=r"reduce_scatter_tensor: op: got 'avg'"):
         reduce_scatter.reduce_scatter_tensor(cpu, cpu, op="avg")

@@ -8,9 +8,10 @@ A table is JSON written by the collective benchmarks::
 
 ``ranges`` are inclusive message sizes in bytes (Request.msg_bytes) where the algorithm beat NCCL by
 at least 3% (:func:`table` computes them from measurements); a collective may list several algorithms.
-``algo`` is a built-in's short name ("one_shot") or full name ("tilescale.allreduce.one_shot"). Tables ship in ``tilescale/plan/tuning/*.json``;
-``TILESCALE_TUNING_FILE`` names one to use instead. Where no table matches the machine, no built-in
-plan is registered and NCCL serves every call (tilescale is never chosen where it was not measured to win).
+``algo`` is a built-in's short name ("one_shot") or full name ("tilescale.allreduce.one_shot"). Tables ship in
+``tilescale/plan/tuning/*.json``; ``TILESCALE_TUNING_FILE`` names one to use instead. Where no table matches
+the machine, no built-in plan is registered and NCCL serves every call (tilescale is never chosen where it was
+not measured to win).
 """
 from __future__ import annotations
 
