@@ -25,7 +25,7 @@ _EXISTED_BEFORE = _cache_dirs()   # before torch_ops imports torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from tilescale import runtime  # noqa: E402
-from tilescale.ops import checks, torch_ops  # noqa: E402
+from tilescale.ops import async_tp, checks, torch_ops  # noqa: E402
 
 ag_gemm_mod = importlib.import_module("tilescale.ops.allgather_gemm")
 gemm_rs_mod = importlib.import_module("tilescale.ops.gemm_reduce_scatter")
@@ -322,8 +322,8 @@ def test_compile_fullgraph_traces_the_drop_ins_and_collectives(world):
     world(MirrorWorld(2))
 
     def f(a, b1, b2, x, y):
-        A, (c1, c2) = torch_ops.fused_all_gather_matmul(a, [b1, b2], 1, "world")
-        z = torch_ops.fused_matmul_reduce_scatter(x, b1.t(), "avg", 0, "world")
+        A, (c1, c2) = async_tp.fused_all_gather_matmul(a, [b1, b2], 1, "world")
+        z = async_tp.fused_matmul_reduce_scatter(x, b1.t(), "avg", 0, "world")
         t = torch_ops.all_reduce(y) + torch_ops.broadcast(y, 1) + torch_ops.all_to_all_single(y)
         return A.sum() + c1.sum() + c2.sum() + z.sum() + torch_ops.reduce_scatter(torch_ops.all_gather(t)).sum()
 
@@ -412,13 +412,13 @@ def test_fused_all_gather_matmul_matches_torch_semantics(world, W, gather_dim):
     A_ref = torch.cat(shards, dim=gather_dim)
 
     def rank(r):
-        return torch_ops.fused_all_gather_matmul(shards[r], Bs, gather_dim, "world")
+        return async_tp.fused_all_gather_matmul(shards[r], Bs, gather_dim, "world")
 
     for A, outs in w.run(rank):
         torch.testing.assert_close(A, A_ref)
         for o, B in zip(outs, Bs, strict=False):
             torch.testing.assert_close(o, A_ref @ B)
-    A, outs = w.run(lambda r: torch_ops.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
+    A, outs = w.run(lambda r: async_tp.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
                                                                 return_A=False))[0]
     assert A is None and len(outs) == 1
     torch.testing.assert_close(outs[0], A_ref @ Bs[0])
@@ -434,7 +434,7 @@ def test_fused_matmul_reduce_scatter_matches_torch_semantics(world, W, scatter_d
     if reduce_op == "avg":
         full = full / W
     want = full.chunk(W, dim=scatter_dim)
-    for r, got in enumerate(w.run(lambda r: torch_ops.fused_matmul_reduce_scatter(As[r], B, reduce_op, scatter_dim,
+    for r, got in enumerate(w.run(lambda r: async_tp.fused_matmul_reduce_scatter(As[r], B, reduce_op, scatter_dim,
                                                                                    "world"))):
         torch.testing.assert_close(got, want[r])
 
@@ -507,9 +507,9 @@ def test_drop_ins_fall_back_to_torch(world, monkeypatch, caplog):
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed._symmetric_memory", object())
     a, b = randn(4, 8), randn(8, 4)
     with caplog.at_level(logging.DEBUG, logger="tilescale.ops"):
-        torch_ops.fused_all_gather_matmul(a, [b], 0, "tp_subgroup")
-        torch_ops.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
-        torch_ops.fused_matmul_reduce_scatter(a.double(), b.double(), "sum", 0, "world")
+        async_tp.fused_all_gather_matmul(a, [b], 0, "tp_subgroup")
+        async_tp.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
+        async_tp.fused_matmul_reduce_scatter(a.double(), b.double(), "sum", 0, "world")
     assert seen == [("ag", "tp_subgroup", {"return_A": True}), ("rs", "max", "world"), ("rs", "sum", "world")]
     assert "group 'tp_subgroup' is not the whole world" in caplog.text and "reduce_op 'max'" in caplog.text
     assert "dtype torch.float64" in caplog.text
