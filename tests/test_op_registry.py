@@ -92,3 +92,18 @@ def test_serve_maps_torch_calls_to_plan_calls():
     assert registry.find("broadcast").serve(W, tensor=x, src=2, group_src=None) == "src 2"
     a2a = registry.find("all_to_all")
     assert a2a.serve(W, output=x, input=x, output_split_sizes=[4, 4], input_split_sizes=None) == "split sizes given"
+
+
+def test_finding_the_collectives_leaves_the_torch_operators_alone():
+    """The registry imports the op modules, not torch_ops / async_tp: those register torch.ops.tilescale.* and
+    import torch._dynamo (slow, and it makes a cache directory in the temporary directory), which
+    `import tilescale.distributed` and the plans must not pay for."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tilescale.ops import registry; registry.collectives(); "
+            "print(sorted(m for m in ('tilescale.ops.torch_ops', 'tilescale.ops.async_tp', 'torch._dynamo') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TileScaleError
 
 MAX_MSG_SIZE = (1 << 63) - 1   # "no upper bound"
-_NOT_SCANNED = ("torch_ops",)  # imported on first use (it registers torch.ops.tilescale.*)
+_NOT_SCANNED = ("torch_ops", "async_tp")  # imported on first use (torch_ops registers torch.ops.tilescale.*)
 
 
 class PlanUnsupportedError(TileScaleError, NotImplementedError):
