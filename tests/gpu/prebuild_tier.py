@@ -32,7 +32,7 @@ def jit_jobs(world_size: int) -> list:
 
     jobs = [(compiler.barrier_jit(), (world_size,))]                      # behind every tilescale.barrier()
     for name in ("example_allreduce", "example_all_to_all", "example_broadcast", "example_reduce_scatter",
-                 "example_put_get", "example_ld_st_atomic", "example_sync", "example_remote_view"):
+                 "example_reduce", "example_put_get", "example_ld_st_atomic", "example_sync", "example_remote_view"):
         jobs += importlib.import_module(name).jobs(world_size)
     jobs += importlib.import_module("example_signal_wait").jobs(world_size, shared_gpu=shared(world_size))
     jobs.append((importlib.import_module("example_quickstart").ring, (1024, world_size)))
