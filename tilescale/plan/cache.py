@@ -9,11 +9,8 @@ file or a whole one, and concurrent writers of the same plan leave one valid fil
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 from ..errors import TileScaleError
@@ -65,19 +62,6 @@ def why_invalid(path: Path, expected: dict) -> str | None:
         diff = sorted(k for k in set(rec) | set(expected) if rec.get(k) != expected.get(k))
         return f"mismatched field(s) {diff}"
     return None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def store(record: dict, *, rebuild: bool = False) -> Path:
