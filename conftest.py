@@ -144,6 +144,17 @@ def clean_ts_env(monkeypatch):
     discovery.clear_cache()
 
 
+@pytest.fixture
+def menv(monkeypatch):
+    """No tilescale setting at all (every name and alias of tilescale/env.py unset): defaults apply."""
+    from tilescale.env import SETTINGS
+
+    for s in SETTINGS:
+        for n in (s.name, *s.aliases):
+            monkeypatch.delenv(n, raising=False)
+    return monkeypatch
+
+
 def run_python(code: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
                ) -> tuple[subprocess.CompletedProcess, float]:
     """Run `code` in a fresh interpreter (this one's), with os.environ plus `env`; (result, seconds)."""

@@ -17,14 +17,6 @@ EXPECTED_SETTINGS = {
 }
 
 
-@pytest.fixture
-def menv(monkeypatch):
-    for s in env.SETTINGS:
-        for n in (s.name, *s.aliases):
-            monkeypatch.delenv(n, raising=False)
-    return monkeypatch
-
-
 # ------------------------------------------------------------------------------------------- env
 def test_defaults(menv, tmp_path):
     menv.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -11,14 +11,6 @@ from tilescale import env
 from tilescale.env import Setting, Settings, settings
 
 
-@pytest.fixture
-def menv(monkeypatch):
-    for s in env.SETTINGS:
-        for n in (s.name, *s.aliases):
-            monkeypatch.delenv(n, raising=False)
-    return monkeypatch
-
-
 def test_every_setting_is_one_descriptor_of_settings():
     declared = [(k, v) for k, v in vars(Settings).items() if isinstance(v, Setting)]
     assert [v for _, v in declared] == list(env.SETTINGS)
