@@ -36,3 +36,15 @@ def test_a_declared_check_names_its_verdicts():
     ctx = doctor.Context()
     ctx.gpu_count = 0
     assert doctor.check_peer_access(ctx).name == "peer-access"
+
+
+def test_checks_of_the_install_are_skipped_without_nvshmem():
+    """With no NVSHMEM found, only the nvshmem check fails; the checks of the install say they were skipped."""
+    ctx = doctor.Context()
+    ctx.install = None
+    ctx.install_error = RuntimeError("NVSHMEM not found. Looked in, in order: ...")
+    assert doctor.nvshmem.check_nvshmem(ctx).status == doctor.FAIL
+    for name in ("nvshmem-version", "nvshmem-device-lib", "nvshmem-inlined", "bootstrap-plugin"):
+        (spec,) = [s for s in doctor.CHECKS if s.name == name]
+        got = spec.func(ctx)
+        assert got == Check(name, doctor.OK, "skipped: NVSHMEM not found (see the nvshmem check)"), got

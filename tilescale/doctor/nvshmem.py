@@ -2,6 +2,7 @@
 needs (tilescale/build_modes.py), the bootstrap plugin."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -15,10 +16,15 @@ from .context import Context
 PIP_NVSHMEM = "nvidia-nvshmem-cu13"        # (or -cu12 for CUDA 12)
 
 
-def skip_without_nvshmem(ctx: Context) -> Check | None:
-    if ctx.install is None:
-        return ok("skipped: NVSHMEM not found (see the nvshmem check)")
-    return None
+def needs_nvshmem(func):
+    """A check of the install `ctx.install`: skipped (ok) when no NVSHMEM was found (the nvshmem check fails)."""
+    @functools.wraps(func)
+    def run(ctx: Context) -> Check:
+        if ctx.install is None:
+            return ok("skipped: NVSHMEM not found (see the nvshmem check)")
+        return func(ctx)
+
+    return run
 
 
 def build_mode_setting() -> str:
@@ -55,10 +61,8 @@ def check_nvshmem(ctx: Context) -> Check:
                "NVSHMEM init returning a negative code.",
        fix="Use headers and libraries of one install: `pip install --force-reinstall nvidia-nvshmem-cu13==X.Y.Z`, "
            "or point `NVSHMEM_HOME` at a consistent install.")
+@needs_nvshmem
 def check_nvshmem_version(ctx: Context) -> Check:
-    skip = skip_without_nvshmem(ctx)
-    if skip:
-        return skip
     inst = ctx.install
     try:
         host = probes.host_library_version(inst)
@@ -82,10 +86,8 @@ def check_nvshmem_version(ctx: Context) -> Check:
        symptom="`TILESCALE_BUILD_MODE=rdc` fails to link (`cannot find -lnvshmem_device`).",
        fix="Use the default build mode (auto, inlined on NVSHMEM >= 3.4), or an NVSHMEM install that ships "
            "`lib/libnvshmem_device.a` (the pip wheel does).")
+@needs_nvshmem
 def check_nvshmem_device_library(ctx: Context) -> Check:
-    skip = skip_without_nvshmem(ctx)
-    if skip:
-        return skip
     inst = ctx.install
     if RDC.supported_by(inst):
         return ok(f"{inst.device_library} ({RDC.name} build mode available)")
@@ -105,10 +107,8 @@ def check_nvshmem_device_library(ctx: Context) -> Check:
        symptom="`TILESCALE_BUILD_MODE=inlined` is refused, or auto falls back to rdc (slower; breaks tilelang's "
                "TMA/wgmma GEMMs).",
        fix="`pip install 'nvidia-nvshmem-cu13>=3.4'` (or `NVSHMEM_HOME` at NVSHMEM >= 3.4).")
+@needs_nvshmem
 def check_nvshmem_inlined(ctx: Context) -> Check:
-    skip = skip_without_nvshmem(ctx)
-    if skip:
-        return skip
     inst = ctx.install
     if INLINED.supported_by(inst):
         return ok(f"NVSHMEM {inst.version} headers support the {INLINED.name} (non-RDC) build mode")
@@ -130,10 +130,8 @@ def check_nvshmem_inlined(ctx: Context) -> Check:
        symptom="NVSHMEM init fails on every rank: the bootstrap plugin cannot be loaded.",
        fix="Reinstall NVSHMEM with its plugins (`pip install --force-reinstall nvidia-nvshmem-cu13`); leave "
            "`NVSHMEM_BOOTSTRAP_UID_PLUGIN` unset (tilescale points it at the plugin).")
+@needs_nvshmem
 def check_bootstrap_plugin(ctx: Context) -> Check:
-    skip = skip_without_nvshmem(ctx)
-    if skip:
-        return skip
     inst = ctx.install
     env = os.environ.get("NVSHMEM_BOOTSTRAP_UID_PLUGIN")
     if env:
