@@ -65,8 +65,9 @@ def check(rt) -> None:
         raise WaitTimeoutError(describe(rec))
 
 
-def publish_failure(rt, what: str) -> None:
-    """Tell every rank that this one failed (`what`: the error): the first report stays in the job's store."""
+def publish_failure(rt, what: str, *, wait: bool = False) -> None:
+    """Tell every rank that this one failed (`what`: the error, or with `wait` the record of a wait that gave
+    up): the first report stays in the job's store (STORE_KEY's format)."""
     me = rt.info.rank
     dog = rt.watchdog
     if dog is not None:
@@ -74,7 +75,7 @@ def publish_failure(rt, what: str) -> None:
     try:
         store = dog.store if dog is not None else default_store()
         if store is not None and not store.check([STORE_KEY]):
-            store.set(STORE_KEY, f"{me}|{what}")
+            store.set(STORE_KEY, f"{me}|wait|{what}" if wait else f"{me}|{what}")
     except Exception:  # noqa: BLE001  (store gone: the job is ending anyway)
         pass
 
@@ -108,12 +109,7 @@ class Watchdog(threading.Thread):
                 self.reported = True
                 msg = describe(rec)
                 print(f"tilescale: rank {me}: {msg}", file=sys.stderr, flush=True)
-                if self.store is not None:
-                    try:
-                        if not self.store.check([STORE_KEY]):   # the first failure is the one reported
-                            self.store.set(STORE_KEY, f"{me}|wait|{msg}")
-                    except Exception:  # noqa: BLE001
-                        pass
+                publish_failure(self.rt, msg, wait=True)
                 continue
             if self.store is not None and not self.reported:
                 try:
