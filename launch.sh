@@ -23,8 +23,6 @@ set -u
 GPUS=${GPUS:-4}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR_SET=${MASTER_ADDR:-}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 RPG=${TILESCALE_RANKS_PER_GPU:-1}
 PY=${PYTHON:-python3}
 if [ $# -lt 1 ]; then
@@ -44,10 +42,11 @@ if [ "$NODE_RANK" -ge "$NNODES" ]; then
   echo "launch.sh: NODE_RANK=$NODE_RANK with NNODES=$NNODES: expected 0 to $((NNODES - 1))" >&2
   exit 2
 fi
-if [ "$NNODES" -gt 1 ] && [ -z "${MASTER_ADDR_SET:-}" ]; then
+if [ "$NNODES" -gt 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
   echo "launch.sh: NNODES=$NNODES: set MASTER_ADDR (the address of node 0, the same on every node); the default 127.0.0.1 would make every node wait for itself" >&2
   exit 2
 fi
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
