@@ -104,11 +104,9 @@ class Job:
                 self._lines.append(line)
                 self._cv.notify_all()
             if self._log is not None:
-                self._log.write(f"[{time.monotonic() - self.t0:7.1f}s] {line}")
-                self._log.flush()
+                self._log.line(line)
         if self._log is not None:
-            self._log.write(f"[{time.monotonic() - self.t0:7.1f}s] [jobs] output ended (exit {self.proc.wait()})\n")
-            self._log.close()
+            self._log.close(f"[jobs] output ended (exit {self.proc.wait()})")
         with self._cv:
             self._cv.notify_all()
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,7 +100,6 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     With ``TILESCALE_TEST_LOG_DIR`` set, the whole output, each line stamped with the seconds since the start,
     is also written there (one file per job, complete even when the test is stopped): the GPU tier's record."""
     import threading
-    import time
 
     e = dict(os.environ)
     e.update({"GPUS": str(nranks), "PORT": str(free_port()), "TILESCALE_SKIP_DOCTOR": "1"})
@@ -110,7 +110,6 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
         e.update(env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]
     log = job_log(script, nranks)
-    t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                             start_new_session=True)
     lines: list[str] = []
@@ -119,8 +118,7 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
         for ln in proc.stdout:
             lines.append(ln)
             if log is not None:
-                log.write(f"[{time.monotonic() - t0:7.1f}s] {ln}")
-                log.flush()
+                log.line(ln)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -141,24 +139,38 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
             rc, tail = 124, f"\n[tilescale.testing] TIMEOUT after {timeout:.0f} s\n"
     finally:
         if log is not None:
-            log.write(f"[{time.monotonic() - t0:7.1f}s] [tilescale.testing] exit {proc.returncode}\n")
-            log.close()
+            log.close(f"[tilescale.testing] exit {proc.returncode}")
     return subprocess.CompletedProcess(cmd, rc, "".join(lines) + tail)
 
 
-def job_log(script, nranks: int):
-    """An open file under TILESCALE_TEST_LOG_DIR for one job's output, named after the running test, or None
-    when the variable is unset. Write each line stamped with the seconds since the job started."""
+class JobLog:
+    """One job's output in a file, each line stamped with the seconds since the job started."""
+
+    def __init__(self, path: Path):
+        self._t0 = time.monotonic()
+        self._f = open(path, "w")   # closed by close()
+
+    def line(self, text: str) -> None:
+        self._f.write(f"[{time.monotonic() - self._t0:7.1f}s] {text}")
+        self._f.flush()
+
+    def close(self, last: str) -> None:
+        self.line(last + "\n")
+        self._f.close()
+
+
+def job_log(script, nranks: int) -> JobLog | None:
+    """A :class:`JobLog` under TILESCALE_TEST_LOG_DIR for one job's output, named after the running test, or
+    None when the variable is unset."""
     d = os.environ.get("TILESCALE_TEST_LOG_DIR")
     if not d:
         return None
     import re
-    import time
 
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].rpartition("::")[2] or Path(script).stem
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{time.strftime('%H%M%S')}-{test}-{nranks}r")[:120]
     Path(d).mkdir(parents=True, exist_ok=True)
-    return open(Path(d) / f"{name}.log", "w")
+    return JobLog(Path(d) / f"{name}.log")
 
 
 def assert_all_ranks_ok(proc: subprocess.CompletedProcess, nranks: int, marker: str = "OK") -> None:
