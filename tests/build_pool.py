@@ -45,20 +45,15 @@ class Builds:
         return self
 
 
-def _build_job(fn, args, kwargs: dict) -> Callable[[], Any]:
-    import tilescale
-
+def _build_job(fn, args) -> Callable[[], Any]:
     pf = fn.get_tir(*args)                       # elaborate in this (the calling) thread
-    opts = dict(target=fn.target, pass_configs=fn.pass_configs, compile_flags=fn.compile_flags,
-                build_mode=fn.build_mode, wait_timeout_s=fn.wait_timeout_s)
-    opts.update(kwargs)
-    return lambda: tilescale.build(pf, **opts)
+    return lambda: fn.build_tir(pf)
 
 
 def build_all(jobs: dict[str, tuple | Callable[[], Any]], workers: int = WORKERS) -> Builds:
-    """Start every job; `jobs` maps a key to ``(jit_fn, args)``, ``(jit_fn, args, build_kwargs)`` or a
-    callable. Returns at once; results wait for their build."""
-    calls = {k: (j if callable(j) else _build_job(j[0], j[1], j[2] if len(j) > 2 else {})) for k, j in jobs.items()}
+    """Start every job; `jobs` maps a key to ``(jit_fn, args)`` or a callable. Returns at once; results wait
+    for their build."""
+    calls = {k: (j if callable(j) else _build_job(*j)) for k, j in jobs.items()}
     pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(calls))), thread_name_prefix="test-build")
     futures = {k: pool.submit(c) for k, c in calls.items()}
     pool.shutdown(wait=False)

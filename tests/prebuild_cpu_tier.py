@@ -12,6 +12,7 @@ Nothing here checks anything; a build that fails here is built again, and report
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import os
 import signal
 import sys
@@ -93,8 +94,8 @@ def profiler_ag_gemm():
     from tilescale.ops.allgather_gemm import ag_gemm_kernel as fn
 
     timeout = setting("TILESCALE_WAIT_TIMEOUT_S").default()   # its test clears the variable: the default bound
-    return [_build(fn.get_tir(*AG_ARGS, profile=True), target=SM90, pass_configs=fn.pass_configs,
-                   compile_flags=fn.compile_flags, build_mode=fn.build_mode, wait_timeout_s=timeout)]
+    pf = fn.get_tir(*AG_ARGS, profile=True)
+    return [lambda: dataclasses.replace(fn, wait_timeout_s=timeout).build_tir(pf, target=SM90)]
 
 
 def soak():

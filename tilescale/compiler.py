@@ -118,7 +118,10 @@ class TileScaleJITImpl(compat.jit_impl_base()):
 
     def build(self, *args, target=None, **kwargs) -> BuildResult:
         """Compile and link without loading (GPU-less machines); see :func:`tilescale.compiler.build`."""
-        pf = self.get_tir(*args, **kwargs)
+        return self.build_tir(self.get_tir(*args, **kwargs), target=target)
+
+    def build_tir(self, pf, target=None) -> BuildResult:
+        """:meth:`build` of an already elaborated PrimFunc of this function (as :meth:`compile_tir`)."""
         return build(pf, target=target or self.target, pass_configs=self.pass_configs,
                      compile_flags=self.compile_flags, build_mode=self.build_mode, wait_timeout_s=self.wait_timeout_s)
 

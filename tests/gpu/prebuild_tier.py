@@ -10,6 +10,7 @@ with (it is part of a distributed kernel's cache key: the fault tests run with 0
 tier's 30 s). A kernel left out, or listed with other arguments, is still compiled by its test, only later
 (and once per job: the ranks of a job take turns, tilescale.compile). Needs a GPU (tilelang's load step)."""
 import concurrent.futures as cf
+import dataclasses
 import importlib
 import os
 import sys
@@ -87,12 +88,9 @@ def sms() -> int:
 
 def _compile(fn, pf, args, bound: float):
     """What ``fn(*args)`` compiles in a job whose TILESCALE_WAIT_TIMEOUT_S is `bound` (the bound is in the key)."""
-    import tilescale
-
-    return tilescale.compile(pf, out_idx=fn.out_idx, execution_backend=fn.execution_backend, target=fn.target,
-                             target_host=fn.target_host, pass_configs=fn.pass_configs,
-                             compile_flags=fn.compile_flags, build_mode=fn.build_mode,
-                             wait_timeout_s=fn.wait_timeout_s if fn.wait_timeout_s is not None else bound)
+    if fn.wait_timeout_s is None:
+        fn = dataclasses.replace(fn, wait_timeout_s=bound)   # the same jit function, bounded as that job is
+    return fn.compile_tir(pf, args)
 
 
 def all_jobs(sizes: list[int]) -> list:
