@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from tilescale import errors, runtime, symm  # noqa: E402
 from tilescale.errors import CollectiveMismatchError, OpArgumentError, OpArgumentTypeError  # noqa: E402
-from tilescale.ops import all_to_all, allgather, allreduce, base, checks, reduce_scatter, vectors  # noqa: E402
+from tilescale.ops import all_to_all, allgather, allreduce, base, checks, reduce_scatter, reduce_to_root, vectors  # noqa: E402
 from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
 from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
@@ -273,6 +273,14 @@ CONSTRUCTION = [
      r"Broadcast: src: got 1\.0, expected a rank in 0\.\.1"),
     ("Broadcast dtype", lambda: broadcast.Broadcast((8,), None, 0), OpArgumentTypeError,
      r"Broadcast: dtype: got None, expected a torch.dtype"),
+    ("Reduce dst", lambda: reduce_to_root.Reduce((8,), torch.float32, 2), OpArgumentError,
+     r"Reduce: dst: got 2, expected a rank in 0\.\.1"),
+    ("Reduce float dst", lambda: reduce_to_root.Reduce((8,), torch.float32, 0.0), OpArgumentTypeError,
+     r"Reduce: dst: got 0\.0, expected a rank in 0\.\.1"),
+    ("Reduce dtype", lambda: reduce_to_root.Reduce((8,), torch.int64, 0), OpArgumentError,
+     r"Reduce: dtype: got torch.int64"),
+    ("Reduce float shape", lambda: reduce_to_root.Reduce((2.5,), torch.float32, 0), OpArgumentTypeError,
+     r"Reduce: shape: got \(2\.5,\), expected a sequence of ints"),
 ]
 
 
@@ -472,6 +480,8 @@ def test_function_checks(fake, monkeypatch):
         (lambda: all_to_all.all_to_all_single(cpu, cpu), r"all_to_all_single: output: got a float32"),
         (lambda: broadcast.broadcast(cpu, 0), r"broadcast: tensor: got a float32 tensor"),
         (lambda: broadcast.broadcast(cpu, 1.0), r"broadcast: tensor: got"),
+        (lambda: reduce_to_root.reduce(cpu, 0), r"reduce: tensor: got a float32 tensor of shape \(8,\) on cpu"),
+        (lambda: reduce_to_root.reduce(cpu, 0, op="max"), r"reduce: op: got 'max'"),
     ]
     for fn, msg in cases:
         with pytest.raises(OpArgumentError, match=msg):
