@@ -2,7 +2,8 @@
 
 Layout: one process per rank (``pid`` = rank, named "rank R"); threads (``tid``) are tracks:
 0 = "host" (calls and launches), 100 + N = "stream N" (kernels, copy-engine chunks), 1000 + 8 * n + lane
-= "SM n" (waits and tiles; a second lane only if two blocks overlapped on that SM). Every event is a
+= "SM n" (waits and tiles; a second lane only if two blocks overlapped on that SM; a ninth and later
+lane, when that many overlapped, from 10,000,000 up). Every event is a
 complete event (``ph: "X"``, ``ts``/``dur`` in microseconds) whose args carry ``id``, ``parent`` (an id
 of the same trace, or null) and ``type``; state changes with a time (a signal observed) are instant
 events (``ph: "i"``) whose parent is their event. Metadata events (``ph: "M"``) name processes and
@@ -27,6 +28,7 @@ STREAM_TID = 100
 OTHER_TID = 10
 SM_TID = 1000
 SM_LANES = 8
+EXTRA_SM_TID = 10_000_000
 
 _STREAM = re.compile(r"^stream (\d+)$")
 _SM = re.compile(r"^SM (\d+)$")
@@ -60,6 +62,7 @@ class _Tracks:
         self.names: dict[int, str] = {HOST_TID: "host"}
         self.others: dict[str, int] = {}
         self.lanes: dict[int, list[int]] = {}   # sm -> end time of each lane
+        self.extra: dict[tuple[int, int], int] = {}   # (sm, lane >= SM_LANES) -> tid
 
     def tid(self, track: str, start: int, end: int) -> int:
         if track == "host":
@@ -79,8 +82,10 @@ class _Tracks:
                 ends.append(end)
             else:
                 ends[lane] = end
-            lane = min(lane, SM_LANES - 1)
-            t = SM_TID + SM_LANES * sm + lane
+            if lane < SM_LANES:
+                t = SM_TID + SM_LANES * sm + lane
+            else:   # more blocks at once on one SM than SM_LANES: lanes of their own, past every SM's
+                t = self.extra.setdefault((sm, lane), EXTRA_SM_TID + len(self.extra))
             self.names[t] = track if lane == 0 else f"{track} ({lane + 1})"
             return t
         t = self.others.get(track)
