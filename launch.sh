@@ -11,7 +11,8 @@
 #                           testing multi-rank kernels on one GPU: correct, but timings mean nothing.
 #   TILESCALE_MPS=1         in shared-GPU mode, start the CUDA MPS daemon for the job (when none runs) so
 #                           the ranks' kernels run side by side, and stop it after
-#   PORT / MASTER_PORT      rendezvous port (default: a free one; required when NNODES > 1)
+#   PORT / MASTER_PORT      rendezvous port (default on one node: torchrun --standalone, a port the OS
+#                           picks; required when NNODES > 1)
 #   NNODES, NODE_RANK, MASTER_ADDR   for several nodes (default 1, 0, 127.0.0.1; MASTER_ADDR and PORT required
 #                           when NNODES > 1: docs/multinode.md)
 #   NVSHMEM_SYMMETRIC_SIZE  symmetric heap per rank (default 4G)
@@ -82,11 +83,13 @@ if [ "${TILESCALE_SKIP_DOCTOR:-0}" != 1 ]; then
   "$PY" -m tilescale doctor --gpus "$GPUS" --quiet || { echo "launch.sh: pre-flight check failed (see above; TILESCALE_SKIP_DOCTOR=1 skips it)" >&2; exit 3; }
 fi
 if [ -z "${PORT:-}" ]; then
-  PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # One node and no port given: torchrun's standalone rendezvous listens on a port the OS picks as it binds.
+  # (A free port picked here could be taken by another job before torchrun listens on it: EADDRINUSE.)
+  rdzv=(--standalone)
+else
+  rdzv=(--nnodes="$NNODES" --node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="$PORT")
 fi
-
-cmd=("$PY" -m torch.distributed.run --nproc_per_node="$GPUS" --nnodes="$NNODES" --node_rank="$NODE_RANK"
-     --master_addr="$MASTER_ADDR" --master_port="$PORT" "$@")
+cmd=("$PY" -m torch.distributed.run --nproc_per_node="$GPUS" "${rdzv[@]}" "$@")
 # When the launch ends (normally, Ctrl-C, TERM, HUP), nothing the job started stays behind. torchrun starts
 # each rank in a session of its own, so no process group holds the whole job: every process of it carries
 # LAUNCH_SH_JOB_ID in its environment instead (ranks and what they start, also once reparented).

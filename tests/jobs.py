@@ -82,8 +82,8 @@ class Job:
     """``bash launch.sh script args...`` in a session of its own, its output read as it comes."""
 
     def __init__(self, script, *args: str, gpus: int, env: dict | None = None):
-        e = dict(os.environ)
-        e.update({"GPUS": str(gpus), "PORT": str(testing.free_port()), "TILESCALE_SKIP_DOCTOR": "1",
+        e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}  # launch.sh: torchrun picks
+        e.update({"GPUS": str(gpus), "TILESCALE_SKIP_DOCTOR": "1",
                   "PYTHONUNBUFFERED": "1"})
         if testing.shared_gpus(gpus):   # fewer GPUs than ranks: the ranks share them
             e["TILESCALE_RANKS_PER_GPU"] = str(testing.ranks_per_gpu_for(gpus))

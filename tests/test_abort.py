@@ -123,6 +123,28 @@ def test_a_wait_record_is_published_with_its_kind_once(monkeypatch):
     assert diagnostics.parse_failure("1|ValueError: a|b") == (1, "ValueError: a|b", False)
 
 
+def test_an_error_left_by_a_wait_that_gave_up_is_reported_as_that_wait(capsys):
+    """A rank whose wait gave up raises CUDA's launch failure at its next synchronize, maybe before its
+    watchdog polled: its own report says and publishes the wait's record, not the bare CUDA error; without a
+    record, the error itself."""
+    import struct
+
+    store = FakeStore()
+    rt = fake_rt(1)
+    rt.watchdog = types.SimpleNamespace(store=store, reported=False)
+    raw = struct.pack(diagnostics._FMT, 1, 1, 0, 0, 0, 0, 64, 0, 0, 0x10, 5, 4, int(5e9))
+    rt.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    diagnostics.report_own_failure(rt, RuntimeError("CUDA error: unspecified launch failure"))
+    who, msg, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    assert (who, wait) == (1, True) and "gave up after 5.0 s" in msg, msg
+    assert "tilescale: rank 1: rank 1, block 0, thread 0: T.wait_until" in capsys.readouterr().err
+    plain = fake_rt(0)
+    plain.watchdog = types.SimpleNamespace(store=(store2 := FakeStore()), reported=False)
+    diagnostics.report_own_failure(plain, ValueError("bad input\nsecond line"))
+    assert store2.get(diagnostics.STORE_KEY).decode() == "0|ValueError: bad input"
+    assert capsys.readouterr().err == ""
+
+
 def test_a_rank_reporting_its_own_error_is_not_stopped_first(exits):
     store = FakeStore()
     store.set(diagnostics.STORE_KEY, "1|RuntimeError: boom")

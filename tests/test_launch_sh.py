@@ -224,6 +224,32 @@ def _run_shared(tmp_path, gpus_found: int, ranks: int, extra: dict | None = None
     return subprocess.run(["bash", str(LAUNCH), str(script)], capture_output=True, text=True, timeout=120, env=e)
 
 
+GLOO_SUM = r"""
+import os
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"[rank {dist.get_rank()}] SUM {t.item():.0f} port={os.environ['MASTER_PORT']}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_one_node_without_a_port_lets_torchrun_pick_it(tmp_path):
+    """No PORT on one node: torchrun --standalone binds a port the OS picks (no free port chosen beforehand
+    for another job to take); the ranks still find each other (a gloo all-reduce)."""
+    py = _fake_gpus(tmp_path, 2)
+    script = tmp_path / "gloo_sum.py"
+    script.write_text(GLOO_SUM)
+    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}
+    e.update({"PYTHON": str(py), "GPUS": "2", "TILESCALE_SKIP_DOCTOR": "1", "TMPDIR": str(tmp_path)})
+    r = subprocess.run(["bash", str(LAUNCH), str(script)], capture_output=True, text=True, timeout=120, env=e)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--standalone" in r.stdout + r.stderr and "--master_port" not in r.stdout + r.stderr
+    ports = set(re.findall(r"SUM 3 port=(\d+)", r.stdout))
+    assert len(re.findall(r"\[rank \d\] SUM 3", r.stdout)) == 2 and len(ports) == 1, r.stdout + r.stderr
+
+
 def test_shared_gpu_mode_starts_every_rank(tmp_path):
     r = _run_shared(tmp_path, 1, 3, {"TILESCALE_RANKS_PER_GPU": "4"})
     assert r.returncode == 0, r.stdout + r.stderr

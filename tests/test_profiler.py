@@ -638,6 +638,30 @@ def test_sm_lanes_never_overlap_however_many_blocks_share_an_sm(seed):
             assert names[e["tid"]].split(" (")[0] == f"SM {e['args']['sm']}"
 
 
+def test_device_times_keep_every_nanosecond_at_todays_clock():
+    """Host times are ~1.8e18 ns, where a float steps by 256 ns: the GPU -> host mapping and the trace's
+    microseconds keep integer precision, so a wait that ends when its tile starts nests with it (run on an H100:
+    they overlapped by 96 ns when times went through floats)."""
+    g0, now = 10**12 + 123, 1_764_000_000_123_456_789
+    clock = ClockSync(points=[(g0, now - g0, 10)])
+    assert clock.to_host(g0 + 1) - clock.to_host(g0) == 1
+    start, ready, end = (clock.to_host(g0 + d) for d in (0, 4_001, 14_753))
+    assert (ready - start, end - ready) == (4_001, 10_752)
+    ev = [{"id": 1, "parent": None, "type": "WAIT", "name": "wait", "track": "SM 92", "start_ns": start,
+           "end_ns": ready, "args": {}, "states": [("signal_observed", {"ts_ns": ready})]},
+          {"id": 2, "parent": None, "type": "TILE", "name": "tile", "track": "SM 92", "start_ns": ready,
+           "end_ns": end, "args": {}, "states": []}]
+    trace = chrome_trace.rank_trace(ev, 0)
+    x = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert x["wait"]["tid"] == x["tile"]["tid"]          # one block: one lane
+    assert x["wait"]["ts"] + x["wait"]["dur"] == x["tile"]["ts"] and x["wait"]["dur"] == 4.001
+    assert_tracks_nest(trace)
+    merged = chrome_trace.merge([trace])
+    assert_tracks_nest(merged)
+    w, t = (next(e for e in merged["traceEvents"] if e.get("name") == n and e["ph"] == "X") for n in ("wait", "tile"))
+    assert (w["ts"], w["dur"], t["ts"], t["dur"]) == (0.0, 4.001, 4.001, 10.752)
+
+
 # --------------------------------------------------------------------------- device timeline
 def test_decode_tile_records():
     words = tile_words(1, 5000, tiles_m=4, tiles_n=2)

@@ -80,6 +80,23 @@ def publish_failure(rt, what: str, *, wait: bool = False) -> None:
         pass
 
 
+def report_own_failure(rt, error: BaseException) -> None:
+    """Publish this rank's uncaught `error` for the other ranks. When a wait of this rank gave up, the error is
+    only its consequence (CUDA's "unspecified launch failure" at the next synchronize, before the watchdog's
+    next poll): the wait's record is said and published instead, as the watchdog would have."""
+    try:
+        rec = read_record(rt)
+    except Exception:  # noqa: BLE001  (no record to read: report the error itself)
+        rec = None
+    if rec is None:
+        publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
+        return
+    dog = rt.watchdog
+    if dog is None or not dog.reported:
+        print(f"tilescale: rank {rt.info.rank}: {describe(rec)}", file=sys.stderr, flush=True)
+    publish_failure(rt, describe(rec), wait=True)
+
+
 def parse_failure(value: str) -> tuple[int, str, bool]:
     """(rank, message, whether it is a wait that gave up) of a failure published under STORE_KEY."""
     who, _, rest = value.partition("|")

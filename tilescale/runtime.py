@@ -345,10 +345,10 @@ def abandon(error: BaseException | None = None) -> None:
     rt = _RT
     if rt is None or rt.closed:
         return
-    if error is not None:
-        diagnostics.publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
     if rt.watchdog is not None:
         rt.watchdog.stop.set()
+    if error is not None:
+        diagnostics.report_own_failure(rt, error)
     rt.closed = True
     _RT = None
 

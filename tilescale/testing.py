@@ -101,8 +101,8 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     is also written there (one file per job, complete even when the test is stopped): the GPU tier's record."""
     import threading
 
-    e = dict(os.environ)
-    e.update({"GPUS": str(nranks), "PORT": str(free_port()), "TILESCALE_SKIP_DOCTOR": "1"})
+    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}   # launch.sh: torchrun picks
+    e.update({"GPUS": str(nranks), "TILESCALE_SKIP_DOCTOR": "1"})
     e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
     if shared_gpus(nranks):
         e["TILESCALE_RANKS_PER_GPU"] = str(ranks_per_gpu_for(nranks))

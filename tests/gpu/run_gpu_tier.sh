@@ -38,10 +38,13 @@ step() {  # step NAME SECONDS CMD...
 tier_part() {  # tier_part N I K NAME: the gpu / multigpu tests of world size N (shard I of K), in a pytest of its own
   local n=$1 i=$2 k=$3 name=$4 t0=$SECONDS rc
   local marker="multigpu"; [ "$n" = 1 ] && marker="gpu"
+  # a temporary folder of its own: pytests side by side would otherwise prune each other's pytest-of-$USER
+  local bt; bt=$(mktemp -d "${TMPDIR:-/tmp}/tilescale-tier.XXXXXX")
   timeout -k 10 "$PART_TIMEOUT" python3 -m pytest -m "$marker" --ranks "$n" --shard "$i/$k" -v -rs \
-    --timeout $((PART_TIMEOUT - 20)) -p no:cacheprovider --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} tests examples \
-    > "$OUTD/$name.log" 2>&1
+    --timeout $((PART_TIMEOUT - 20)) -p no:cacheprovider --basetemp "$bt/pytest" --durations=15 \
+    ${PYTEST_K:+-k "$PYTEST_K"} tests examples > "$OUTD/$name.log" 2>&1
   rc=$?
+  rm -rf "$bt"
   local counts
   counts=$(grep -a -E "^=+ .*(passed|failed|error|skipped|deselected).* in [0-9.]+s" "$OUTD/$name.log" | tail -1 | tr -d '=')
   echo "$name (world size $n, $([ "$n" -gt "$NG" ] && echo "ranks sharing $NG GPU(s)" || echo "distinct GPUs"), shard $i/$k): rc=$rc in $((SECONDS - t0)) s:${counts:- no pytest summary (timed out?)}" \
@@ -81,10 +84,11 @@ for what in ${WHAT//,/ }; do
       for name in "${names[@]}"; do
         [ -f "$OUTD/$name.summary" ] && summary+=("$(cat "$OUTD/$name.summary")")
       done
-      for n in 1 2 4; do   # counts per world size, over its shards
-        tot=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ PASSED" )
-        bad=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ (FAILED|ERROR)" )
-        skp=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "(::| )[^ ]+ SKIPPED" )
+      for n in 1 2 4; do   # counts per world size, over its shards (pytest -v's one line per test)
+        res="^(tests|examples)/[^ ]+::[^ ]+ "
+        tot=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "${res}PASSED" )
+        bad=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "${res}(FAILED|ERROR)" )
+        skp=$(cat "$OUTD"/ranks$n*.log 2>/dev/null | grep -a -c -E "${res}SKIPPED" )
         summary+=("world size $n: $tot passed, $bad failed, $skp skipped")
       done ;;
     build_modes) step bench_build_modes 200 env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --repeats 5 \

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -53,6 +54,13 @@ def _json_value(v):
         except Exception:  # noqa: BLE001
             pass
     return str(v)
+
+
+def _us(ns) -> float:
+    """Nanoseconds -> microseconds, correctly rounded: ``ns / 1000.0`` would first make the integer a float,
+    which at today's ``time.time_ns()`` (~1.8e18) has a step of 256 ns, so an event's end and the next
+    event's start, equal in nanoseconds, could land 0.1 us apart and overlap in the trace."""
+    return ns / 1000 if isinstance(ns, int) else float(ns) / 1000.0
 
 
 class _Tracks:
@@ -100,6 +108,11 @@ def rank_trace(events: list[dict], rank: int, world_size: int = 1, *, name: str 
     """The Chrome trace of one rank's events (dicts as :meth:`RecordingProfiler.events` gives them)."""
     tracks = _Tracks()
     out = []
+    # Times are kept from a whole second before the first event (time_origin_us): microseconds since 1970 as
+    # floats would step by 0.25 us.
+    stamps = [e["start_ns"] for e in events] + [a["ts_ns"] for e in events for _, a in e.get("states") or []
+                                                 if "ts_ns" in a]
+    origin_ns = int(min(stamps)) // 10**9 * 10**9 if stamps else 0
     # SM lanes are assigned in time order; everything else keeps the order of the events
     order = sorted(range(len(events)), key=lambda i: (not _SM.match(events[i]["track"]), events[i]["start_ns"]))
     tids = {}
@@ -116,14 +129,14 @@ def rank_trace(events: list[dict], rank: int, world_size: int = 1, *, name: str 
         if end is None:
             args["open"] = True   # never stopped: shown with zero length
             end = start
-        out.append({"name": e["name"], "cat": e["type"].lower(), "ph": "X", "ts": start / 1000.0,
-                    "dur": max(0, end - start) / 1000.0, "pid": rank, "tid": tids[i], "args": args})
+        out.append({"name": e["name"], "cat": e["type"].lower(), "ph": "X", "ts": _us(start - origin_ns),
+                    "dur": _us(max(0, end - start)), "pid": rank, "tid": tids[i], "args": args})
         for k, (state, sargs) in enumerate(e.get("states") or []):
             if "ts_ns" not in sargs:
                 continue
             extra = _json_value({a: v for a, v in sargs.items() if a != "ts_ns"})
             out.append({"name": state.replace("_", " "), "cat": "state", "ph": "i", "s": "t",
-                        "ts": sargs["ts_ns"] / 1000.0, "pid": rank, "tid": tids[i],
+                        "ts": _us(sargs["ts_ns"] - origin_ns), "pid": rank, "tid": tids[i],
                         "args": {**extra, "id": f"{eid}.s{k}", "parent": eid, "type": "STATE"}})
     meta = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
             {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
@@ -132,7 +145,8 @@ def rank_trace(events: list[dict], rank: int, world_size: int = 1, *, name: str 
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid, "args": {"sort_index": tid}})
     return {"traceEvents": meta + out, "displayTimeUnit": "ns",
             "otherData": {"tilescale": {"name": name, "ranks": [rank], "world_size": world_size,
-                                        "clocks": {str(rank): clock}, "time_origin_us": 0.0}}}
+                                        "clocks": {str(rank): clock},
+                                        "time_origin_us": float(origin_ns // 1000)}}}
 
 
 def write(trace: dict, path) -> str:
@@ -154,17 +168,21 @@ def merge(traces: list[dict]) -> dict:
     dup = sorted({r for r in ranks if ranks.count(r) > 1})
     if dup:
         raise ValueError(f"traces: rank(s) {dup} appear in more than one trace")
-    stamps = [e["ts"] + t["otherData"]["tilescale"].get("time_origin_us", 0.0)
-              for t in traces for e in t["traceEvents"] if e.get("ph") != "M"]
-    origin = min(stamps) if stamps else 0.0
+    # In steps that keep nanoseconds: the whole microseconds of the origins first (exact), then the small rest.
+    bases = [float(t["otherData"]["tilescale"].get("time_origin_us", 0.0)) for t in traces]
+    firsts = [min((e["ts"] for e in t["traceEvents"] if e.get("ph") != "M"), default=None) for t in traces]
+    whole = [b + math.floor(f) for b, f in zip(bases, firsts, strict=True) if f is not None]
+    origin = math.floor(min(whole)) if whole else 0.0
+    rest = min((round(b - origin + f, 3) for b, f in zip(bases, firsts, strict=True) if f is not None), default=0.0)
     events = []
-    for t in traces:
-        base = t["otherData"]["tilescale"].get("time_origin_us", 0.0)
+    for t, base in zip(traces, bases, strict=True):
+        shift = base - origin                      # whole microseconds (origins are), exactly
         for e in t["traceEvents"]:
             e = dict(e)
             if e.get("ph") != "M":
-                e["ts"] = round(e["ts"] + base - origin, 3)
+                e["ts"] = round(round(e["ts"] + shift, 3) - rest, 3)
             events.append(e)
+    origin += rest
     clocks = {}
     for t in traces:
         clocks.update(t["otherData"]["tilescale"].get("clocks") or {})

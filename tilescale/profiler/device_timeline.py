@@ -138,7 +138,7 @@ class ClockSync:
 
     def to_host(self, g: int) -> int:
         """Host nanoseconds of GPU timestamp `g`."""
-        return int(round(g + self.offset_at(g)))
+        return g + int(round(self.offset_at(g)))   # not round(g + offset): a float of ~1.8e18 steps by 256 ns
 
     def event_to_host(self, ev) -> int:
         """Host nanoseconds of a completed CUDA event (recorded on the device of the anchor)."""
