@@ -202,3 +202,47 @@ def test_barrier_module_builds_with_its_host_entry(tmp_path):
     assert "tilescale::barrier_all<1>" in r.source
     syms = subprocess.run(["nm", "-D", "--defined-only", r.library], stdout=subprocess.PIPE, text=True).stdout
     assert "tilescale_module_barrier" in syms and "tilescale_module_init" in syms, syms[-2000:]
+
+
+# ------------------------------------------------------------- finalize: a collective teardown, bounded
+def test_late_ranks_is_a_bounded_barrier_in_the_store():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    out = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, diagnostics.late_ranks(store, "k", r, 3, 10)))
+               for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert out == {0: [], 1: [], 2: []}
+    t0 = time.monotonic()
+    assert diagnostics.late_ranks(store, "k2", 2, 3, 0.2) == [0, 1]      # alone: gives up, names the others
+    assert 0.2 <= time.monotonic() - t0 < 5
+
+
+def test_finalize_alone_gives_up_within_the_bound_and_tells_the_others(monkeypatch):
+    """A rank that calls finalize() while the others still run collectives (an error it caught, then a normal
+    exit): instead of waiting forever in NVSHMEM's collective free, it gives up after the wait bound, tells the
+    other ranks (their watchdogs stop them naming it) and raises WaitTimeoutError."""
+    import torch.distributed as dist
+
+    from tilescale import runtime
+    from tilescale.env import settings
+    from tilescale.errors import WaitTimeoutError
+
+    store = dist.HashStore()
+    rt = fake_rt(1)
+    rt.watchdog = types.SimpleNamespace(store=store, reported=False, stop=threading.Event())
+    rt.closed, rt.generation = False, 7
+    monkeypatch.setattr(runtime, "_RT", rt)
+    t0 = time.monotonic()
+    with settings.scope(wait_timeout_s=0.3), pytest.raises(WaitTimeoutError) as ei:
+        runtime.finalize()
+    assert 0.3 <= time.monotonic() - t0 < 10
+    msg = str(ei.value)
+    assert "rank 1: tilescale.finalize() gave up after 0.3 s" in msg and "rank(s) 0 to call it too" in msg, msg
+    who, told, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    assert (who, wait) == (1, False) and told.startswith("WaitTimeoutError: rank 1: tilescale.finalize() gave up")
+    assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()

@@ -97,6 +97,21 @@ def report_own_failure(rt, error: BaseException) -> None:
     publish_failure(rt, describe(rec), wait=True)
 
 
+def late_ranks(store, key: str, rank: int, world_size: int, bound_s: float, poll_s: float = 0.02) -> list[int]:
+    """Say in `store` that `rank` has reached the point named `key`, then wait for every rank to say so, at most
+    `bound_s` seconds (0: no bound). Returns the ranks that had not arrived by then (empty when all did):
+    a host-side bounded barrier for a step that every rank must join (finalize's collective teardown)."""
+    store.set(f"{key}/{rank}", "1")
+    arrived = store.add(f"{key}/count", 1)
+    deadline = time.monotonic() + bound_s if bound_s > 0 else None
+    while arrived < world_size:
+        if deadline is not None and time.monotonic() > deadline:
+            return [r for r in range(world_size) if not store.check([f"{key}/{r}"])]
+        time.sleep(poll_s)
+        arrived = store.add(f"{key}/count", 0)
+    return []
+
+
 def parse_failure(value: str) -> tuple[int, str, bool]:
     """(rank, message, whether it is a wait that gave up) of a failure published under STORE_KEY."""
     who, _, rest = value.partition("|")

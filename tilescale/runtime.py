@@ -113,6 +113,9 @@ def load_shim(install) -> ctypes.CDLL:
     return lib
 
 
+_GENERATION = 0
+
+
 class Runtime:
     """Process-wide state after init_distributed()."""
 
@@ -125,6 +128,9 @@ class Runtime:
         self.ctrl_group = ctrl_group
         self.created_pg = created_pg
         self.device = torch.device("cuda", info.device)
+        global _GENERATION
+        _GENERATION += 1
+        self.generation = _GENERATION   # the same on every rank: each inits as often (finalize's store keys)
         # Record written by a device-side wait that times out: pinned host memory is addressable from
         # the GPU (UVA) and stays readable after the kernel traps.
         self.wait_diag = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
@@ -376,9 +382,27 @@ def synchronize() -> None:
     diagnostics.check(rt)
 
 
+def _late_to_finalize(rt: Runtime) -> list[int]:
+    """Ranks that did not reach finalize() within TILESCALE_WAIT_TIMEOUT_S (empty when every rank did)."""
+    from .env import settings
+
+    if rt.info.world_size == 1:
+        return []
+    try:
+        store = rt.watchdog.store if rt.watchdog is not None else diagnostics.default_store()
+    except Exception:  # noqa: BLE001  (no store: the teardown's own collectives are all there is)
+        store = None
+    if store is None:
+        return []
+    return diagnostics.late_ranks(store, f"tilescale/finalize/{rt.generation}", rt.info.rank, rt.info.world_size,
+                                  settings.wait_timeout_s)
+
+
 def _finalize_at_exit() -> None:
     try:
         finalize()
+    except WaitTimeoutError as e:   # the other ranks never joined: say so (they are told through the store)
+        print(f"tilescale: {e}", file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001  (never turn a clean exit into a traceback)
         log.debug("tilescale finalize at exit: %s", e)
 
@@ -393,12 +417,26 @@ def finalize() -> None:
     import torch
     import torch.distributed as dist
 
-    if rt.watchdog is not None:
-        rt.watchdog.stop.set()
     if diagnostics.read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
+        if rt.watchdog is not None:
+            rt.watchdog.stop.set()
         rt.closed = True
         _RT = None
         return
+    # The teardown below is collective (NVSHMEM's free and finalize wait for every rank, unbounded): first make
+    # sure every rank got here, within the wait bound. A rank that leaves alone (an error it caught, then a
+    # normal exit) would otherwise wait forever while the others wait for it in their kernels.
+    late = _late_to_finalize(rt)
+    if late:
+        from .env import settings
+
+        msg = (f"rank {rt.info.rank}: tilescale.finalize() gave up after {settings.wait_timeout_s:g} s "
+               f"(TILESCALE_WAIT_TIMEOUT_S) waiting for rank(s) {', '.join(map(str, late))} to call it too (still "
+               "running collectives, or failed): this rank leaves without the collective teardown")
+        abandon(WaitTimeoutError(msg))    # tells the other ranks; the end of the process frees this rank's memory
+        raise WaitTimeoutError(msg)
+    if rt.watchdog is not None:
+        rt.watchdog.stop.set()
     torch.cuda.synchronize()
     heap.free_all(rt)
     for hook in _at_finalize:   # e.g. the ops' caches, whose ops point into the heap just freed
