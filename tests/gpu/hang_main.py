@@ -10,7 +10,8 @@ from tilescale import testing
 def never_signalled(world_size: int):
     @T.prim_func
     def hang(sig: T.Tensor((1,), "uint64")):
-        with T.Kernel(2, threads=32):
+        with T.Kernel(2, threads=256):   # every thread of 2 blocks waits: one writes the record, none stops the
+                                         # kernel before it is complete
             T.wait_until(sig[0], cmp="eq", value=12345)
 
     return hang

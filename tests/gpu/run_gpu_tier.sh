@@ -6,7 +6,8 @@
 #                                                             # GPU command of 10 minutes; ranks4@2/2 the rest)
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
 #   ... collectives,profile,soak,soak_all,gemm_configs (SOAK_ITERS=N shortens the soaks; soak_all: every op on
-#   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer)
+#   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer; SOAK_OPS=a,b a subset, to split it over
+#   several commands: on one shared GPU a call takes ~7 ms, so 10,000 calls of every op take ~10 minutes)
 # (PYTEST_K=expr narrows the tests.) With fewer GPUs than ranks the multi-rank tests run with ranks sharing
 # GPUs (TILESCALE_RANKS_PER_GPU; gloo / recomputed references instead of NCCL): correctness only.
 # The parts of `tests` run side by side (PARALLEL=0: one after the other), each bounded by PART_TIMEOUT
@@ -107,7 +108,7 @@ for what in ${WHAT//,/ }; do
     soak_all) sr=${SOAK_RANKS:-4}; rpg=""; [ "$NG" -gt 0 ] && [ "$sr" -gt "$NG" ] && rpg=$(( (sr + NG - 1) / NG ))
              step soak_collectives 560 env GPUS="$sr" ${rpg:+TILESCALE_RANKS_PER_GPU="$rpg"} bash launch.sh \
              benchmarks/soak_collectives.py --json "$OUTD/soak_all.json" --budget-s 480 \
-             ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ;;
+             ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ${SOAK_OPS:+--ops "$SOAK_OPS"} ;;
     gemm_configs) step bench_gemm_configs 300 env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py \
              --json "$OUTD/gemm_configs.json" ;;
     *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, soak_all, gemm_configs)"; exit 2 ;;

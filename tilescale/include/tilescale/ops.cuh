@@ -355,21 +355,32 @@ __device__ __forceinline__ void wait_timed_out(const void* addr, int cmp, int bi
   const int rank = nvshmem_my_pe();
   const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  if (d != nullptr && atomicCAS(&d->flag, 0ull, 2ull) == 0ull) {
-    volatile WaitDiag* v = d;
-    v->rank = rank;
-    v->block = block;
-    v->thread = thread;
-    v->site = site;
-    v->cmp = cmp;
-    v->bits = bits;
-    v->addr = (unsigned long long)addr;
-    v->expected = expected;
-    v->observed = observed;
-    v->elapsed_ns = elapsed;
-    __threadfence_system();
-    v->flag = 1ull;
-    __threadfence_system();
+  if (d != nullptr) {
+    if (atomicCAS(&d->flag, 0ull, 2ull) == 0ull) {   // the first thread to give up writes the record
+      volatile WaitDiag* v = d;
+      v->rank = rank;
+      v->block = block;
+      v->thread = thread;
+      v->site = site;
+      v->cmp = cmp;
+      v->bits = bits;
+      v->addr = (unsigned long long)addr;
+      v->expected = expected;
+      v->observed = observed;
+      v->elapsed_ns = elapsed;
+      __threadfence_system();
+      v->flag = 1ull;
+      __threadfence_system();
+    } else {
+      // Another thread writes it (every thread of a block may wait on one signal, and give up at once).
+      // Stopping the kernel now would stop that thread too, before its record is complete, and the host would
+      // find none: wait until it is, at most 10 ms (a record left half-written by an earlier kernel must not
+      // hold this one).
+      volatile unsigned long long* flag = &d->flag;
+      const uint64_t t0 = globaltimer();
+      while (*flag != 1ull && globaltimer() - t0 < 10000000ull) {
+      }
+    }
   }
   __trap();
 }
