@@ -9,6 +9,7 @@
 * Device-side waits of kernels built by the tests are bounded (``TILESCALE_WAIT_TIMEOUT_S=30``) unless
   the caller chose otherwise. The user's kernel caches are kept (speed); tests that need a cold cache
   make their own temporary one.
+* torch's inductor cache (made when torch._dynamo loads) goes to a folder of the run's own, removed at its end.
 * The kernels of the selected compile tests are built ahead, in the background, while other tests run
   (tests/prebuild_cpu_tier.py).
 """
@@ -23,6 +24,26 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
+
+
+def pytest_configure(config):
+    # torch._dynamo (loaded by tilescale.ops.torch_ops and by torch.compile) makes its cache folder,
+    # /tmp/torchinductor_<user>, as it loads: the tests (and the jobs they start) use one of their own, removed
+    # when the run ends, so a test run leaves nothing in /tmp.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        config._tilescale_inductor_dir = tempfile.mkdtemp(prefix="tilescale-tests-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._tilescale_inductor_dir
+
+
+def pytest_unconfigure(config):
+    d = getattr(config, "_tilescale_inductor_dir", None)
+    if d is not None:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 REPO_ROOT = Path(__file__).resolve().parent
 
