@@ -82,12 +82,7 @@ class Job:
     """``bash launch.sh script args...`` in a session of its own, its output read as it comes."""
 
     def __init__(self, script, *args: str, gpus: int, env: dict | None = None):
-        e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}  # launch.sh: torchrun picks
-        e.update({"GPUS": str(gpus), "TILESCALE_SKIP_DOCTOR": "1",
-                  "PYTHONUNBUFFERED": "1"})
-        if testing.shared_gpus(gpus):   # fewer GPUs than ranks: the ranks share them
-            e["TILESCALE_RANKS_PER_GPU"] = str(testing.ranks_per_gpu_for(gpus))
-        e.update(env or {})
+        e = testing.launch_env(gpus, {"PYTHONUNBUFFERED": "1", **(env or {})})
         self.t0 = time.monotonic()
         self._log = testing.job_log(script, gpus)   # the GPU tier's record of every job (TILESCALE_TEST_LOG_DIR)
         self.proc = subprocess.Popen(["bash", str(LAUNCH_SH), str(script), *args], stdout=subprocess.PIPE,

@@ -656,7 +656,7 @@ def test_device_times_keep_every_nanosecond_at_todays_clock():
     assert x["wait"]["tid"] == x["tile"]["tid"]          # one block: one lane
     assert x["wait"]["ts"] + x["wait"]["dur"] == x["tile"]["ts"] and x["wait"]["dur"] == 4.001
     assert_tracks_nest(trace)
-    merged = chrome_trace.merge([trace])
+    merged = chrome_trace.merge([trace, chrome_trace.rank_trace([], 1)])   # a rank without events, too
     assert_tracks_nest(merged)
     w, t = (next(e for e in merged["traceEvents"] if e.get("name") == n and e["ph"] == "X") for n in ("wait", "tile"))
     assert (w["ts"], w["dur"], t["ts"], t["dur"]) == (0.0, 4.001, 4.001, 10.752)

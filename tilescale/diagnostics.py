@@ -91,10 +91,10 @@ def report_own_failure(rt, error: BaseException) -> None:
     if rec is None:
         publish_failure(rt, f"{type(error).__name__}: {error}".splitlines()[0][:500])
         return
-    dog = rt.watchdog
-    if dog is None or not dog.reported:
-        print(f"tilescale: rank {rt.info.rank}: {describe(rec)}", file=sys.stderr, flush=True)
-    publish_failure(rt, describe(rec), wait=True)
+    msg = describe(rec)
+    if rt.watchdog is None or not rt.watchdog.reported:
+        print(f"tilescale: rank {rt.info.rank}: {msg}", file=sys.stderr, flush=True)
+    publish_failure(rt, msg, wait=True)
 
 
 def late_ranks(store, key: str, rank: int, world_size: int, bound_s: float, poll_s: float = 0.02) -> list[int]:

@@ -93,6 +93,19 @@ def shared_gpus(nranks: int) -> bool:
     return ranks_per_gpu_for(nranks) > 1
 
 
+def launch_env(nranks: int, env: dict | None = None) -> dict:
+    """The environment of a launch.sh job of `nranks` ranks that a test starts: this one without PORT and
+    MASTER_PORT (launch.sh then lets torchrun pick a port as it binds it, so jobs side by side never collide),
+    GPUS, no doctor, bounded waits unless set, ranks sharing GPUs when there are fewer, then `env` on top."""
+    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}
+    e.update({"GPUS": str(nranks), "TILESCALE_SKIP_DOCTOR": "1"})
+    e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
+    if shared_gpus(nranks):
+        e["TILESCALE_RANKS_PER_GPU"] = str(ranks_per_gpu_for(nranks))
+    e.update(env or {})
+    return e
+
+
 def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, env: dict | None = None
            ) -> subprocess.CompletedProcess:
     """Run `script` on `nranks` ranks through launch.sh (bounded by `timeout`); never raises on failure.
@@ -101,13 +114,7 @@ def launch(script: str | Path, nranks: int, *args: str, timeout: float = 300.0, 
     is also written there (one file per job, complete even when the test is stopped): the GPU tier's record."""
     import threading
 
-    e = {k: v for k, v in os.environ.items() if k not in ("PORT", "MASTER_PORT")}   # launch.sh: torchrun picks
-    e.update({"GPUS": str(nranks), "TILESCALE_SKIP_DOCTOR": "1"})
-    e.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
-    if shared_gpus(nranks):
-        e["TILESCALE_RANKS_PER_GPU"] = str(ranks_per_gpu_for(nranks))
-    if env:
-        e.update(env)
+    e = launch_env(nranks, env)
     cmd = ["bash", str(LAUNCH_SH), str(script), *args]
     log = job_log(script, nranks)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -168,21 +167,23 @@ def merge(traces: list[dict]) -> dict:
     dup = sorted({r for r in ranks if ranks.count(r) > 1})
     if dup:
         raise ValueError(f"traces: rank(s) {dup} appear in more than one trace")
-    # In steps that keep nanoseconds: the whole microseconds of the origins first (exact), then the small rest.
+    # In steps that keep nanoseconds: first onto the earliest origin (origins are whole microseconds, so the
+    # shifts are exact), then the earliest event to 0 (small numbers from there on).
     bases = [float(t["otherData"]["tilescale"].get("time_origin_us", 0.0)) for t in traces]
-    firsts = [min((e["ts"] for e in t["traceEvents"] if e.get("ph") != "M"), default=None) for t in traces]
-    whole = [b + math.floor(f) for b, f in zip(bases, firsts, strict=True) if f is not None]
-    origin = math.floor(min(whole)) if whole else 0.0
-    rest = min((round(b - origin + f, 3) for b, f in zip(bases, firsts, strict=True) if f is not None), default=0.0)
+    origin = min((b for b, t in zip(bases, traces, strict=True) if any(e.get("ph") != "M" for e in t["traceEvents"])),
+                 default=0.0)   # a rank without events (origin 0) must not pull the others' times up to ~1e15 us
     events = []
     for t, base in zip(traces, bases, strict=True):
-        shift = base - origin                      # whole microseconds (origins are), exactly
         for e in t["traceEvents"]:
             e = dict(e)
             if e.get("ph") != "M":
-                e["ts"] = round(round(e["ts"] + shift, 3) - rest, 3)
+                e["ts"] = round(e["ts"] + (base - origin), 3)
             events.append(e)
-    origin += rest
+    earliest = min((e["ts"] for e in events if e.get("ph") != "M"), default=0.0)
+    for e in events:
+        if e.get("ph") != "M":
+            e["ts"] = round(e["ts"] - earliest, 3)
+    origin += earliest
     clocks = {}
     for t in traces:
         clocks.update(t["otherData"]["tilescale"].get("clocks") or {})
