@@ -1,6 +1,7 @@
 """Job-wide abort and bounded barriers on CPU: a rank's failure is published once in the job's store and
 every other rank's watchdog stops its process naming that rank and error; a rank reporting its own error is
 left to do so; barriers are tilescale's bounded ones. (On GPUs: tests/test_gpu_teardown.py, test_faults.)"""
+import os
 import threading
 import time
 import types
@@ -236,10 +237,15 @@ def test_finalize_alone_gives_up_within_the_bound_and_tells_the_others(monkeypat
     rt = fake_rt(1)
     rt.watchdog = types.SimpleNamespace(store=store, reported=False, stop=threading.Event())
     rt.closed, rt.generation = False, 7
+    rt.mpg_lock_holder = True    # shared-GPU mode: this rank holds the host lock through the teardown...
+    monkeypatch.setattr(runtime, "_mpg_lock", runtime.HostLock(f"tilescale-test-{os.getpid()}-{time.time_ns()}"))
     monkeypatch.setattr(runtime, "_RT", rt)
+    seen, late = [], runtime._late_to_finalize
+    monkeypatch.setattr(runtime, "_late_to_finalize", lambda r: seen.append(runtime._mpg_lock.held) or late(r))
     t0 = time.monotonic()
     with settings.scope(wait_timeout_s=0.3), pytest.raises(WaitTimeoutError) as ei:
         runtime.finalize()
+    assert seen == [True] and not runtime._mpg_lock.held   # ...and gives it back however the teardown ends
     assert 0.3 <= time.monotonic() - t0 < 10
     msg = str(ei.value)
     assert "rank 1: tilescale.finalize() gave up after 0.3 s" in msg and "rank(s) 0 to call it too" in msg, msg

@@ -176,3 +176,23 @@ def test_sighup_ends_every_process(nranks):
     assert rc == 129, f"exit code {rc}\n{out[-5000:]}"
     assert time.monotonic() - t0 < 30, out[-3000:]
     assert "UNEXPECTED" not in out
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2])
+def test_jobs_sharing_a_gpu_start_and_stop_side_by_side(nranks):
+    """Four jobs that share the GPU(s) start and stop at the same moment, three times: NVSHMEM names its
+    per-GPU slab of the multi-process-per-GPU mode once per host, so without tilescale's host lock
+    (tilescale/mpg_lock.py) one job unlinks another's slab ("Failed to open shared memory slab")."""
+    need(nranks)
+    for _ in range(3):
+        batch = [jobs.Job(MAIN, "normal", gpus=nranks) for _ in range(4)]
+        for job in batch:
+            rc = job.wait(300)
+            if rc is None:
+                for j in batch:
+                    j.kill()
+            out = job.output
+            assert rc == 0, out[-5000:]
+            assert out.count("OK: normal exit") == nranks, out[-5000:]
+            assert "shared memory slab" not in out, out[-5000:]

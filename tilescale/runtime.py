@@ -34,6 +34,7 @@ from .errors import (
     WaitTimeoutError,
 )
 from .kernel_build import compile_kernel, func_name
+from .mpg_lock import HostLock, first_on_host
 from .nvshmem_host import load_host_library
 
 log = logging.getLogger("tilescale")
@@ -137,6 +138,7 @@ class Runtime:
         self.watchdog = None
         self.modules: dict[int, ctypes.CDLL] = {}   # id(ctypes lib) -> the module, once initialised
         self.closed = False
+        self.mpg_lock_holder = False   # holds tilescale.mpg_lock's host lock while NVSHMEM starts / stops
         # world_size + 1 symmetric words behind every barrier of tilescale (ops.cuh: barrier_one_thread)
         self.barrier_words = shim.ts_malloc_zeroed(8 * (info.world_size + 1)) if shim is not None else None
         self._barrier_fn = None
@@ -189,6 +191,7 @@ def _barrier_function(rt: Runtime):
 _RT: Runtime | None = None
 _init_lock = threading.Lock()
 _at_finalize: list[Callable[[], None]] = []
+_mpg_lock = HostLock()   # held by a node's local rank 0 while NVSHMEM starts or stops in the shared-GPU mode
 
 
 def is_initialized() -> bool:
@@ -271,32 +274,20 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
                                  "backend 'gloo', or let tilescale.init_distributed() start it")
         ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         shim = load_shim(install)
-        n = shim.ts_uid_size()
-        obj = [None]
-        if rank == 0:
-            buf = ctypes.create_string_buffer(n)
-            rc = shim.ts_get_uid(buf)
-            if rc != 0:
-                raise TileScaleError(f"nvshmemx_get_uniqueid failed (rc={rc})")
-            obj = [buf.raw]
-        dist.broadcast_object_list(obj, src=0, group=ctrl)
-        uid = ctypes.create_string_buffer(obj[0], n)
-        t0 = time.time()
-        rc = shim.ts_init_uid(rank, world, uid)
-        if rc != 0:
-            raise TileScaleError(f"NVSHMEM initialisation failed on rank {rank} (rc={rc}); NVSHMEM {install.version} "
-                                 f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
-                                 "`python -m tilescale doctor` checks the setup")
-        if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
-            raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of "
-                                 f"{world}")
-        log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
+        holder = shared and first_on_host(rank, ctrl)
+        if holder:  # before the unique id goes out: no rank of this host starts NVSHMEM first
+            _mpg_lock.acquire(timeout_s, f"rank {rank}: tilescale.init_distributed()")
+        try:
+            _start_nvshmem(shim, install, rank, world, ctrl)
+        finally:
+            _mpg_lock.release()  # every PE of this node has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                         device=device, shared_gpu=shared)
         if shared:
             log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
                      "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)
         _RT = Runtime(info, install, shim, ctrl, created)
+        _RT.mpg_lock_holder = holder
         if not _RT.barrier_words:
             _RT = None
             raise TileScaleError(f"rank {rank}: could not allocate tilescale's barrier words on the symmetric heap "
@@ -306,6 +297,32 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         _RT.watchdog.start()
         _register_exit()
         return info
+
+
+def _start_nvshmem(shim, install, rank: int, world: int, ctrl) -> None:
+    """NVSHMEM's start on this rank: rank 0's unique id, broadcast over `ctrl`, then ``nvshmemx_init_attr``."""
+    import torch.distributed as dist
+
+    n = shim.ts_uid_size()
+    obj = [None]
+    if rank == 0:
+        buf = ctypes.create_string_buffer(n)
+        rc = shim.ts_get_uid(buf)
+        if rc != 0:
+            raise TileScaleError(f"nvshmemx_get_uniqueid failed (rc={rc})")
+        obj = [buf.raw]
+    dist.broadcast_object_list(obj, src=0, group=ctrl)
+    uid = ctypes.create_string_buffer(obj[0], n)
+    t0 = time.time()
+    rc = shim.ts_init_uid(rank, world, uid)
+    if rc != 0:
+        raise TileScaleError(f"NVSHMEM initialisation failed on rank {rank} (rc={rc}); NVSHMEM {install.version} "
+                             f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
+                             "`python -m tilescale doctor` checks the setup")
+    if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
+        raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of "
+                             f"{world}")
+    log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
 
 
 def process_group_args(shared_gpu: bool, device: int) -> dict:
@@ -414,15 +431,28 @@ def finalize() -> None:
     rt = _RT
     if rt is None or rt.closed:
         return
-    import torch
-    import torch.distributed as dist
-
     if diagnostics.read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
         if rt.watchdog is not None:
             rt.watchdog.stop.set()
         rt.closed = True
         _RT = None
         return
+    # NVSHMEM's shutdown unlinks its per-GPU slab by a name other jobs on this host use too: in the shared-GPU
+    # mode a node's local rank 0 holds the host lock from before the ranks agree until the shutdown is over.
+    if rt.mpg_lock_holder:
+        _mpg_lock.acquire(300.0, f"rank {rt.info.rank}: tilescale.finalize()")
+    try:
+        _teardown(rt)
+    finally:
+        _mpg_lock.release()
+
+
+def _teardown(rt: Runtime) -> None:
+    """finalize()'s collective part, once every rank got there."""
+    global _RT
+    import torch
+    import torch.distributed as dist
+
     # The teardown below is collective (NVSHMEM's free and finalize wait for every rank, unbounded): first make
     # sure every rank got here, within the wait bound. A rank that leaves alone (an error it caught, then a
     # normal exit) would otherwise wait forever while the others wait for it in their kernels.
