@@ -252,3 +252,23 @@ def test_finalize_alone_gives_up_within_the_bound_and_tells_the_others(monkeypat
     who, told, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
     assert (who, wait) == (1, False) and told.startswith("WaitTimeoutError: rank 1: tilescale.finalize() gave up")
     assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()
+
+
+def test_finalize_after_a_trapped_kernel_only_closes(monkeypatch):
+    """A wait record means a kernel trapped and the CUDA context is gone: finalize() closes the runtime (watchdog
+    stopped) without its collective teardown, without the agreement and without the host lock."""
+    import struct
+
+    from tilescale import runtime
+
+    rt = fake_rt(0)
+    rt.watchdog = types.SimpleNamespace(store=FakeStore(), reported=True, stop=threading.Event())
+    rt.closed, rt.generation, rt.mpg_lock_holder = False, 3, True
+    raw = struct.pack(diagnostics._FMT, 1, 0, 0, 0, 0, 0, 64, 0, 0, 0x10, 5, 4, int(5e9))
+    rt.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    monkeypatch.setattr(runtime, "_RT", rt)
+    monkeypatch.setattr(runtime, "_late_to_finalize", lambda r: pytest.fail("no agreement after a trap"))
+    monkeypatch.setattr(runtime, "_mpg_lock", types.SimpleNamespace(
+        acquire=lambda *a: pytest.fail("no host lock after a trap"), release=lambda: None))
+    runtime.finalize()
+    assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()

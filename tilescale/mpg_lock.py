@@ -8,12 +8,12 @@ Two jobs that share GPUs on one host at the same time (parallel test runs, two u
 therefore unlink each other's slab between its creation and its opening: seen as
 ``nvshmemi_setup_limited_mpg_support: Failed to open shared memory slab`` and the job's exit.
 
-tilescale orders those steps across jobs: on each node, local rank 0 holds this lock while the node's
-ranks start NVSHMEM (it takes the lock before the unique id goes out, so no rank of the node can start
-first, and gives it back once its own start returned: by then every PE has opened its slab), and while
-they shut it down (taken before the ranks agree to finalize). The lock is an abstract Unix socket (one
-name per host and network namespace, for every user, since the slab names are too): it leaves no file
-behind and the kernel releases it when its holder dies.
+tilescale orders those steps across jobs: the lowest rank of each host (:func:`first_on_host`) holds this
+lock while the host's ranks start NVSHMEM (it takes the lock before the unique id goes out, so no rank of
+the host can start first, and gives it back once its own start returned: by then every PE has opened its
+slab), and while they shut it down (taken before the ranks agree to finalize). The lock is an abstract
+Unix socket (one name per host and network namespace, for every user, since the slab names are too): it
+leaves no file behind and the kernel releases it when its holder dies.
 """
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def _barrier_function(rt: Runtime):
 _RT: Runtime | None = None
 _init_lock = threading.Lock()
 _at_finalize: list[Callable[[], None]] = []
-_mpg_lock = HostLock()   # held by a node's local rank 0 while NVSHMEM starts or stops in the shared-GPU mode
+_mpg_lock = HostLock()   # held by the lowest rank of each host while NVSHMEM starts or stops (shared-GPU mode)
 
 
 def is_initialized() -> bool:
@@ -280,7 +280,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         try:
             _start_nvshmem(shim, install, rank, world, ctrl)
         finally:
-            _mpg_lock.release()  # every PE of this node has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
+            _mpg_lock.release()  # every PE of this host has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                         device=device, shared_gpu=shared)
         if shared:
@@ -427,18 +427,14 @@ def _finalize_at_exit() -> None:
 def finalize() -> None:
     """Free every symmetric tensor, shut NVSHMEM down and, if tilescale started it, torch.distributed.
     Collective. A second call does nothing."""
-    global _RT
     rt = _RT
     if rt is None or rt.closed:
         return
     if diagnostics.read_record(rt) is not None:  # a kernel trapped: the CUDA context is gone, nothing can be freed
-        if rt.watchdog is not None:
-            rt.watchdog.stop.set()
-        rt.closed = True
-        _RT = None
+        abandon()
         return
     # NVSHMEM's shutdown unlinks its per-GPU slab by a name other jobs on this host use too: in the shared-GPU
-    # mode a node's local rank 0 holds the host lock from before the ranks agree until the shutdown is over.
+    # mode the lowest rank of each host holds the host lock from before the ranks agree until the shutdown is over.
     if rt.mpg_lock_holder:
         _mpg_lock.acquire(300.0, f"rank {rt.info.rank}: tilescale.finalize()")
     try:
