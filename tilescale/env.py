@@ -188,6 +188,13 @@ class Settings:
         "GPUs found; ranks are spread evenly over the GPUs; torch.distributed runs on gloo only, NVSHMEM in its "
         "multiple-processes-per-GPU mode). For developing and testing multi-rank kernels on one GPU: correct, but "
         "timings mean nothing (1 = one rank per GPU)", per_run=True)
+    node_size = Count(
+        "TILESCALE_NODE_SIZE", 0,
+        "emulated nodes: ranks form nodes of this many consecutive ranks, and a peer on another node is reached "
+        "only through NVSHMEM's put / get / signal / atomic API, never through a load/store mapping, as across real "
+        "nodes (1: every peer but itself: the forced-remote path). It must divide the world size; kernels built "
+        "under it are cached apart. Unset: the real topology (the launcher's ranks per node; NVSHMEM maps the "
+        "peers it can reach)", per_run=True)
     mps = Flag(
         "TILESCALE_MPS", False,
         "launch.sh starts the CUDA MPS daemon for the job (shared-GPU mode: ranks' kernels then run side by side "
