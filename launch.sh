@@ -120,7 +120,11 @@ stop_mps() {  # only the daemon this launch started
   rm -rf "$MPS_DIR"
   MPS_DIR=""
 }
-cleanup() { end_job; stop_mps; }
+clean_shm() {  # the CUDA inter-process event files of this job's ended ranks (shared-GPU mode; tilescale/shm_leftovers.py)
+  [ "$SHARED" = 1 ] || return 0
+  timeout 20 "$PY" -m tilescale.shm_leftovers >&2 || true
+}
+cleanup() { end_job; stop_mps; clean_shm; }
 # Traps first: a signal that arrives while the job starts still ends it.
 trap 'cleanup' EXIT
 trap 'cleanup; trap - EXIT; exit 130' INT

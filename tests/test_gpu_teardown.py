@@ -9,7 +9,7 @@ from pathlib import Path
 import jobs
 import pytest
 
-from tilescale import testing
+from tilescale import shm_leftovers, testing
 
 MAIN = Path(__file__).resolve().parent / "gpu" / "teardown_main.py"
 SIZES = [2, 4]   # ranks per job (sharing GPUs where there are fewer)
@@ -27,8 +27,10 @@ def start(mode: str, nranks: int, **env) -> tuple:
     except AssertionError:
         job.kill()
         raise
-    pids = [int(m) for ln in lines for m in re.findall(r"pid=(\d+)", ln)] + jobs.session_members(job.sid)
-    return job, pids
+    job.rank_pids = [int(m) for ln in lines for m in re.findall(r"pid=(\d+)", ln)]
+    if testing.shared_gpus(nranks):   # NVSHMEM's inter-process event files (tilescale/shm_leftovers.py) exist...
+        assert shm_leftovers.files_of(job.rank_pids), f"no /dev/shm/cuda.shm.* file of ranks {job.rank_pids}"
+    return job, job.rank_pids + jobs.session_members(job.sid)
 
 
 def finish(job, pids, timeout: float) -> int:
@@ -40,6 +42,8 @@ def finish(job, pids, timeout: float) -> int:
         job.kill(pids + left)
         raise AssertionError(f"the job did not end within {timeout:.0f} s (exit code {rc}); still running:\n{desc}\n"
                              f"--- output ---\n{job.output[-5000:]}")
+    shm = shm_leftovers.files_of(job.rank_pids)   # ...and none is left however the job ended
+    assert not shm, f"left in /dev/shm: {[str(p) for p in shm]}"
     return rc
 
 

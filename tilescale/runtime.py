@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, toolchain
+from . import compat, diagnostics, heap, shm_leftovers, toolchain
 from .cache_files import build_once, private_dir
 from .env import settings
 from .errors import (
@@ -474,6 +474,8 @@ def _teardown(rt: Runtime) -> None:
             fin()
     rt.modules.clear()
     rt.shim.ts_finalize()
+    if rt.info.shared_gpu:   # NVSHMEM's inter-process event files (tilescale/shm_leftovers.py)
+        shm_leftovers.remove_own()
     rt.closed = True
     if rt.created_pg and dist.is_initialized():
         dist.destroy_process_group()
