@@ -8,7 +8,7 @@ from tilescale.ops import allgather
 from tilescale.ops.allgather import default_blocks_per_peer
 from tilescale.ops.direct_launch import argtypes_for, call_signature
 
-NAMES = ("x", "out", "arrived", "round_no", "n")
+NAMES = ("x", "out", "arrived", "counters", "n")
 
 
 def test_blocks_per_peer_by_size():
@@ -26,13 +26,14 @@ def test_blocks_per_peer_by_size():
 
 def test_call_signature_parses_tilelang_wrappers():
     src = ('extern "C" TL_EXPORT int call(bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ out, '
-           'uint64_t* __restrict__ arrived, uint64_t round_no, int n, cudaStream_t stream=cudaStreamDefault) {')
+           'uint64_t* __restrict__ arrived, int64_t* __restrict__ counters, int n, '
+           'cudaStream_t stream=cudaStreamDefault) {')
     sig = call_signature(src)
-    assert sig == [("bfloat16_t*", "x"), ("bfloat16_t*", "out"), ("uint64_t*", "arrived"), ("uint64_t", "round_no"),
+    assert sig == [("bfloat16_t*", "x"), ("bfloat16_t*", "out"), ("uint64_t*", "arrived"), ("int64_t*", "counters"),
                    ("int", "n"), ("cudaStream_t", "stream")]
-    assert argtypes_for(sig, NAMES) == [ctypes.c_void_p] * 3 + [ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p]
-    assert argtypes_for(sig, ("x", "out", "arrived", "round_no")) is None          # a parameter more
-    assert argtypes_for(sig, ("out", "x", "arrived", "round_no", "n")) is None     # another order
+    assert argtypes_for(sig, NAMES) == [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p]
+    assert argtypes_for(sig, ("x", "out", "arrived", "counters")) is None          # a parameter more
+    assert argtypes_for(sig, ("out", "x", "arrived", "counters", "n")) is None     # another order
     assert argtypes_for([("float", "x"), ("cudaStream_t", "stream")], ("x",)) is None  # a type it cannot pass
     assert call_signature("int main() {}") is None
 
@@ -42,4 +43,4 @@ def test_direct_entry_matches_the_built_wrapper():
     host = Path(r.library).with_suffix(".cu").read_text()   # the wrapper source tilelang compiled
     types = argtypes_for(call_signature(host), NAMES)
     assert types is not None, host[host.find("int call("):][:400]
-    assert types[3] is ctypes.c_uint64 and types[4] is ctypes.c_int
+    assert types[3] is ctypes.c_void_p and types[4] is ctypes.c_int      # the call counters (a pointer), n

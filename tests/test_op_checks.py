@@ -357,7 +357,7 @@ def _launch(*a, **k):
 
 def _op(cls, monkeypatch, **attrs):
     """An op object without buffers or kernels (no GPU): its call checks run, its launch raises Launched."""
-    monkeypatch.setattr(base, "refuse_graph_capture", lambda op: None)   # Op.begin's
+    monkeypatch.setattr(base, "_capturing", lambda: False)   # Op.begin's (no CUDA here)
     op = object.__new__(cls)
     op.device = CPU
     op._check = checks.CallCheck(cls.__name__)

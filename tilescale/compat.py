@@ -6,7 +6,7 @@ function here, which imports it when first called (``import tilescale`` stays li
 that moves one breaks this file only; tests/test_compat.py imports every one and names what breaks when it
 moves. ``UPSTREAM`` lists them with what tilescale needs each for.
 
-Known but not yet routed here: ``tilescale/ops/capture.py`` and ``ops/vectors.py`` call
+Known but not yet routed here: ``tilescale/ops/capture.py``, ``ops/base.py`` and ``ops/vectors.py`` call
 ``torch._C._cuda_isCurrentStreamCapturing`` / ``torch._C._cuda_getCurrentRawStream``, ``ops/prebuild.py``
 ``torch.distributed.distributed_c10d._get_default_store``, and ``ops/direct_launch.py`` reads tilelang's
 generated host ``call(...)`` with a regex (see ``UPSTREAM``; the ops rewrite moves them here).
@@ -48,7 +48,7 @@ UPSTREAM: tuple[Upstream, ...] = (
     Upstream("tvm.tirx.stmt_functor.post_order_visit", "finding the distributed calls of a kernel's IR"),
     Upstream("torch.distributed.distributed_c10d._get_default_store",
              "job-wide abort (diagnostics.py; ops/prebuild.py too)"),
-    Upstream("torch._C._cuda_isCurrentStreamCapturing", "ops refusing CUDA graph capture (ops/capture.py)"),
+    Upstream("torch._C._cuda_isCurrentStreamCapturing", "CUDA graph capture of the ops (ops/base.py, ops/capture.py)"),
     Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (ops/vectors.py)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
 )

@@ -23,6 +23,11 @@ Where no NCCL backend serves a group (the shared-GPU mode, ``TILESCALE_RANKS_PER
 calls on CUDA tensors run gloo on host copies (:mod:`tilescale.staged_collectives`), still counted as
 ``"nccl"`` by :func:`stats` (meaning: torch.distributed).
 
+CUDA graphs: during capture, a call that a graph-safe built-in plan serves (the collectives' kernels count
+their calls on the device: tilescale/ops/capture.py) is captured as tilescale kernels; any other plan's go to
+NCCL, and so does a call whose op does not exist yet (construction cannot be captured: make one eager call
+with the same arguments first). In the shared-GPU mode (gloo only) there is no NCCL to capture.
+
 Extensions to torch's signatures (keyword-only): ``plan=`` (a Plan or plan id: use it, skipping the
 selector) and ``hints=`` (e.g. ``{"prefer": "tilescale"}`` to use a built-in plan wherever one can
 run, or ``"nccl"``); defaults for the hints come from ``init_process_group(tilescale_hints=...)``,
@@ -42,7 +47,7 @@ import torch
 import torch.distributed as _td
 
 from . import staged_collectives
-from .errors import SymmetricHeapExhaustedError
+from .errors import GraphCaptureError, SymmetricHeapExhaustedError
 from .ops.registry import collectives
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
@@ -257,8 +262,6 @@ def _why_not(group, tensors, op=None) -> str | None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             return f"argument of type {type(t).__name__}, not a tensor"
-    if _capturing():  # the same on every rank (they capture the same region): no agreement needed
-        return "CUDA graph capture (tilescale kernels count calls on the host; NCCL replays correctly)"
     if len({t.dtype for t in tensors}) > 1:
         return "input and output dtypes differ"
     return None
@@ -319,7 +322,19 @@ def _route(collective: str, t, msg_bytes: int, why_not: str | None, plan, hints)
     if choice.plan is None:
         _debug(collective, f"NCCL ({choice.reason}; {msg_bytes} bytes {t.dtype})")
         _count(collective, "nccl")
+    elif _capturing() and not _graph_safe(choice.plan):  # every rank alike: they capture the same region
+        _debug(collective, f"NCCL (CUDA graph capture: {choice.plan.name} is not a graph-safe built-in plan)")
+        _count(collective, "nccl")
+        return None
     return choice.plan
+
+
+def _graph_safe(plan) -> bool:
+    """Whether a captured call may run `plan`: a built-in plan whose ops count calls on the device
+    (tilescale.ops.capture); any other plan's calls go to NCCL during capture."""
+    from .plan import builtin
+
+    return "builtin" in plan.tags and plan.name in builtin.GRAPH_SAFE
 
 
 def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
@@ -329,6 +344,11 @@ def _launch(collective: str, plan, async_op: bool, result, *args, **kwargs):
             plan(*args, **kwargs)
     except PlanUnsupportedError as e:
         _debug(collective, f"NCCL ({plan.name} cannot serve it: {e})")
+        _count(collective, "nccl")
+        return False, None
+    except GraphCaptureError as e:  # raised on every rank (construction is agreed): all fall back
+        log.warning("%s: NCCL (%s cannot run in this CUDA graph capture: %s)", collective, plan.name,
+                    str(e).splitlines()[0])
         _count(collective, "nccl")
         return False, None
     except SymmetricHeapExhaustedError as e:  # raised on every rank (allocations are agreed): all fall back

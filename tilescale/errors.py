@@ -78,6 +78,11 @@ class WaitTimeoutError(TileScaleError, RuntimeError):
     """A device-side wait gave up in debug mode (TILESCALE_WAIT_TIMEOUT_S)."""
 
 
+class GraphCaptureError(TileScaleError, RuntimeError):
+    """A call that a CUDA graph cannot hold was made during capture: an op that counts its calls on the host
+    (the fused ops), an op constructed during capture, or variable split sizes (tilescale/ops/capture.py)."""
+
+
 class RemoteRankError(TileScaleError, RuntimeError):
     """Another rank failed; this one stops instead of waiting for it forever."""
 

@@ -52,7 +52,7 @@ from .operands import (
 )
 
 __all__ = [
-    "get_rank", "get_num_ranks",
+    "get_rank", "get_num_ranks", "call_number",
     "put_block", "put_warp", "put_thread", "put_block_nbi", "put_warp_nbi", "put_thread_nbi",
     "get_block", "get_warp", "get_thread", "get_block_nbi", "get_warp_nbi", "get_thread_nbi",
     "put_signal_block", "put_signal_warp", "put_signal_thread",
@@ -84,6 +84,23 @@ def get_rank() -> tirx.PrimExpr:
 def get_num_ranks() -> tirx.PrimExpr:
     """Number of PEs (device side). torch equivalent: ``dist.get_world_size()``."""
     return T.call_extern("int32", "nvshmem_n_pes")
+
+
+def call_number(counters) -> tirx.PrimExpr:
+    """Which launch of this kernel this is: 1, 2, ... (a uint64 expression), counted on the device in
+    `counters`, a local (not symmetric) int64 buffer of one word per block of the kernel, zero before the
+    first launch. A kernel replayed from a CUDA graph sees a new number on every replay, where a number
+    passed from the host would keep its value of the capture. Every block of one launch sees the same
+    number. Call it once per kernel, first, outside any branch (it synchronises the block), and bind it:
+    ``e = T.call_number(counters)``. torch: ``counters += 1; e = counters[block]``."""
+    if not isinstance(counters, tirx.Buffer):
+        raise _err("call_number", f"counters: got {type(counters).__name__}, expected a buffer (a kernel parameter)")
+    if counters.scope() != "global" or str(counters.dtype) != "int64" or len(counters.shape) != 1:
+        raise _err("call_number", f"counters: buffer '{counters.name}' is a {str(counters.dtype)} buffer of shape "
+                   f"{tuple(counters.shape)} in {counters.scope()}, expected a 1-D int64 buffer in global memory "
+                   "(one word per block)")
+    return T.call_extern("uint64", "tilescale::call_number", T.access_ptr(counters, "rw"),
+                         T.cast(counters.shape[0], "int32"))
 
 
 # ---------------------------------------------------------------------------------- put / get

@@ -9,12 +9,14 @@ Rank r sends rows ``x[send_off[p] : send_off[p] + send_rows[p]]`` to every rank 
 its row offset for r: ``sum of the rows ranks 0..r-1 send to p``. The kernel moves bytes (any dtype)
 and reads, per peer p, (send offset, byte count, receive offset at p) from a small int64 table.
 
-Signal protocol of one call (epoch e = 1, 2, ...; every rank runs one kernel of ``blocks_per_peer x W``
-blocks, all co-resident; block (b, j) serves peer p = (rank + j) % W, j = 0 being this rank's own rows):
+Signal protocol of one call (call number e = 1, 2, ..., counted on the device: ``T.call_number(counters)``,
+the same in every block of the call and new on every replay of a CUDA graph; every rank runs one kernel of
+``blocks_per_peer x W`` blocks, all co-resident; block (b, j) serves peer p = (rank + j) % W, j = 0 being this
+rank's own rows):
 
-1. block (b, j) tells p that this rank has entered epoch e: ``ready[rank] = e`` on p (release, system
+1. block (b, j) tells p that this rank has entered call e: ``ready[rank] = e`` on p (release, system
    scope);
-2. it waits until p has entered epoch e too (``ready[p] >= e`` here): p no longer reads the output of
+2. it waits until p has entered call e too (``ready[p] >= e`` here): p no longer reads the output of
    the previous call, so it may be overwritten;
 3. it copies chunk b of the rows for p into p's output at this rank's offset (16-byte stores through
    the NVLink mapping), fences, and adds 1 to ``arrived[rank]`` on p (also for an empty chunk);
@@ -28,9 +30,10 @@ The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritt
 import tilescale
 import tilescale.language as T
 
-from . import checks, op_cache, registry, vectors
+from ..errors import GraphCaptureError
+from . import capture, checks, op_cache, registry, vectors
 from .base import Op
-from .vectors import BYTE, INDEX, PASS_CONFIGS, SIGNAL
+from .vectors import BYTE, COUNTER, INDEX, PASS_CONFIGS, SIGNAL
 
 __all__ = ["AllToAll", "all_to_all_single"]
 
@@ -57,8 +60,9 @@ def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512)
     @T.prim_func
     def all_to_all(x: T.Tensor((n_in,), BYTE), out: T.Tensor((n_out,), BYTE),
                    meta: T.Tensor((3, W), INDEX), ready: T.Tensor((W,), SIGNAL),
-                   arrived: T.Tensor((W,), SIGNAL), epoch: T.uint64):
+                   arrived: T.Tensor((W,), SIGNAL), counters: T.Tensor((B * W,), COUNTER)):
         with T.Kernel(B, W, threads=threads) as (b, j):
+            epoch = T.call_number(counters)
             me = T.get_rank()
             peer = (me + j) % W
             tx = T.get_thread_binding()
@@ -140,6 +144,7 @@ class AllToAll(Op):
     """
 
     NAME, KERNEL = "AllToAll", "all_to_all"
+    GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512,
                  _capacity_rows: int | None = None):
@@ -176,7 +181,8 @@ class AllToAll(Op):
         self.ready = self.symmetric((W,), torch.uint64, zero=True)
         self.arrived = self.symmetric((W,), torch.uint64, zero=True)
         self.kernel, self._direct = self.build(fn, (W, self.blocks_per_peer, threads),
-                                               ("x", "out", "meta", "ready", "arrived", "epoch", "n_in", "n_out"))
+                                               ("x", "out", "meta", "ready", "arrived", "counters", "n_in", "n_out"))
+        self.call_counters(self.blocks_per_peer * W)
         if _capacity_rows is None:
             rows = self.shape[0] // W
             self.meta = self._meta([rows] * W, [[rows] * W for _ in range(W)])
@@ -193,12 +199,12 @@ class AllToAll(Op):
 
         if not x.is_contiguous():
             x = x.contiguous()
-        self.epoch += 1
         if self._direct is not None:
             return self.launch_direct(x.data_ptr(), self.out.data_ptr(), meta.data_ptr(), self.ready.data_ptr(),
-                                      self.arrived.data_ptr(), self.epoch, x.nbytes, self._out_bytes.numel(), stream)
+                                      self.arrived.data_ptr(), self.counters.data_ptr(), x.nbytes,
+                                      self._out_bytes.numel(), stream)
         xb = x.view(-1).view(torch.uint8) if x.numel() else torch.empty(0, dtype=torch.uint8, device=x.device)
-        self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.epoch)
+        self.kernel.launch(xb, self._out_bytes, meta, self.ready, self.arrived, self.counters)
 
     def __call__(self, x, out=None):
         self._launch(x, self.meta, self.begin(x, out))
@@ -278,6 +284,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return op(input, out=output)
 
     # variable splits: every rank learns every rank's splits (and whether its arguments were valid)
+    if capture.is_capturing():   # the same on every rank (they capture the same region)
+        raise GraphCaptureError("all_to_all_single: split sizes during CUDA graph capture (they are exchanged "
+                                "on the host on every call, which a graph cannot replay); capture equal splits "
+                                "only (output_split_sizes = input_split_sizes = None)")
     with checks.deferred("all_to_all_single") as d:
         _validate_fn(output, input, None)
     rt = runtime.current()
@@ -334,6 +344,7 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("all_to_all", torch_name="all_to_all_single", aliases=("alltoall",),
-                                 algos={"push": registry.Algorithm(run_push)}, tensors=("output", "input"),
+                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
+                                 tensors=("output", "input"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

@@ -7,9 +7,10 @@ torch equivalent::
 
 Buffers (symmetric, allocated once per op): two output slots ``out[0]``, ``out[1]`` of (W, n) elements
 and two rows of arrival counters ``arrived[0]``, ``arrived[1]`` of W words. Call number e = 1, 2, ...
-of an op uses slot s = (e - 1) % 2; r = (e + 1) // 2 is how many calls have used slot s, this one
-included. Every rank runs one kernel of ``blocks_per_peer x W`` blocks; there is no handshake before
-the data moves.
+of an op is counted on the device (``T.call_number(counters)``: the same in every block of the call, new on
+every replay of a CUDA graph); the kernel derives from it its slot s = (e - 1) % 2 and r = (e + 1) // 2, how
+many calls have used slot s, this one included. Every rank runs one kernel of ``blocks_per_peer x W`` blocks;
+there is no handshake before the data moves.
 
 Signal protocol of call e:
 
@@ -43,7 +44,14 @@ What the caller sees: ``ag(x)`` returns the slot this call wrote; it holds the r
 enqueued on the stream before the next call of this op (use it, or copy it, before calling again: the
 next call leaves it alone, but peers may overwrite it in the call after next as soon as the next call
 has started). ``ag(x, out=t)`` copies the result into `t` on the stream right after the kernel, so `t`
-stays valid for good. Calls must not be captured in a CUDA graph (r changes every call).
+stays valid for good.
+
+CUDA graphs: the kernel picks its slot by the device's count, which graph replays advance without the host
+knowing. So once a call of this op has been captured (``ag.captured``), during the capture and in every later
+eager call, the result is taken by the device's parity, on the stream and without a host sync:
+``torch.index_select(slots, 0, (counters[:1] - 1) % 2)`` into `out` (a new tensor when None: in a graph, its
+static output); ``ag.out`` and ``ag.next_out`` then raise, and `out` must not be one of the slots. Before any
+capture, the host's count equals the device's and ``ag(x)`` returns the slot itself (no copy).
 """
 import math
 
@@ -55,6 +63,7 @@ import tilescale.language as T
 from ..profiler import session as profiling
 from . import checks, op_cache, registry
 from .base import Op
+from .vectors import COUNTER, SIGNAL
 
 __all__ = ["AllGather", "all_gather", "all_gather_into_tensor"]
 
@@ -75,27 +84,30 @@ def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = SM
 
 @tilescale.jit
 def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat16", threads: int = 512):
-    """Kernel of :class:`AllGather` (one call, one slot): `x` (n elements) goes to ``out[rank]`` on every
-    rank. `n` is a run-time argument, so one build serves every message size; chunks are whole 16-byte
-    vectors (the last block takes the remainder, possibly nothing)."""
+    """Kernel of :class:`AllGather` (one call, the slot of its parity): `x` (n elements) goes to
+    ``out[s, rank]`` on every rank. `n` is a run-time argument, so one build serves every message size;
+    chunks are whole 16-byte vectors (the last block takes the remainder, possibly nothing)."""
     n = T.dynamic("n")
     W, bpp = world_size, blocks_per_peer
     vec = 16 // (tvm.DataType(dtype).bits // 8)  # elements per 16-byte vector
     chunk = T.ceildiv(T.ceildiv(n, bpp), vec) * vec
 
     @T.prim_func
-    def allgather(x: T.Tensor((n,), dtype), out: T.Tensor((W, n), dtype), arrived: T.Tensor((W,), "uint64"),
-                  round_no: T.uint64):
+    def allgather(x: T.Tensor((n,), dtype), out: T.Tensor((2, W, n), dtype), arrived: T.Tensor((2, W), SIGNAL),
+                  counters: T.Tensor((bpp * W,), COUNTER)):
         with T.Kernel(bpp, W, threads=threads) as (b, j):
+            e = T.call_number(counters)
+            s = T.cast((e - 1) % 2, "int32")     # this call's slot
+            r = (e + 1) // 2                      # calls that have used slot s, this one included
             me = T.get_rank()
             peer = (me + j) % W
             size = T.max(T.min(chunk, n - b * chunk), 0)
             lo = T.min(b * chunk, n - 1)  # in bounds even when size is 0 (else tilelang would skip the signal)
-            T.put_signal_block(x[lo], out[me, lo], arrived[me], size=size, value=1, sig_op="add", dst_pe=peer)
+            T.put_signal_block(x[lo], out[s, me, lo], arrived[s, me], size=size, value=1, sig_op="add", dst_pe=peer)
             L = j * bpp + b
             if L < W:
                 if T.get_thread_binding() == 0:
-                    T.wait_until(arrived[L], cmp="ge", value=round_no * bpp)
+                    T.wait_until(arrived[s, L], cmp="ge", value=r * bpp)
                 T.sync_threads()
 
     return allgather
@@ -115,10 +127,12 @@ class AllGather(Op):
     rank, on one stream. ``ag(x)`` returns the output slot this call wrote (see the module docstring: valid
     for work enqueued before the next call); ``ag(x, out=t)`` also copies it into `t` (no copy when `t` is
     that slot). ``ag.out`` is the slot the last call wrote, ``ag.next_out`` the one the next call writes,
-    ``ag.buffers`` both.
+    ``ag.buffers`` both. Capturable in a CUDA graph; once captured, results are copies taken by the device's
+    parity and ``out`` / ``next_out`` raise (module docstring).
     """
 
     NAME, KERNEL = "AllGather", "allgather"
+    GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512):
         import torch
@@ -140,24 +154,33 @@ class AllGather(Op):
         self.blocks_per_peer = blocks_per_peer or default_blocks_per_peer(n * esize, W)
         self._slots = self.symmetric((2, W * self.shape[0], *self.shape[1:]), dtype, zero=True)
         self.buffers = (self._slots[0], self._slots[1])
-        self._out2d = [b.view(W, n) for b in self.buffers]
+        self._out3d = self._slots.view(2, W, n)
         self.arrived = self.symmetric((2, W), torch.uint64, zero=True)
-        self.calls = 0
+        self.calls = 0          # calls counted on the host: equal to the device's count until a capture
         tl_dtype = str(dtype).replace("torch.", "")
         self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
-                                               ("x", "out", "arrived", "round_no", "n"))
+                                               ("x", "out", "arrived", "counters", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
-        self._ptrs = [(o.data_ptr(), a.data_ptr()) for o, a in zip(self._out2d, self.arrived, strict=False)]
+        self.call_counters(self.blocks_per_peer * W)
+        self._ptrs = (self._slots.data_ptr(), self.arrived.data_ptr(), self.counters.data_ptr())
 
     @property
     def out(self):
         """The output slot of the last call (before the first call: the slot the first call writes)."""
+        self._host_count("out")
         return self.buffers[(max(self.calls, 1) - 1) % 2]
 
     @property
     def next_out(self):
         """The output slot the next call writes."""
+        self._host_count("next_out")
         return self.buffers[self.calls % 2]
+
+    def _host_count(self, what: str) -> None:
+        if self.captured:
+            raise RuntimeError(f"AllGather.{what}: a call of this op was captured in a CUDA graph, so the host no "
+                               "longer knows which slot a call writes (replays count on the device); use the "
+                               "tensor a call returns")
 
     def _validate(self, x, out) -> None:
         """The call checks (agreed across ranks by ``self._check``): `x` a shard of this op's shape and dtype
@@ -173,21 +196,38 @@ class AllGather(Op):
         stream = self.begin(x, out)
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
-        s = self.calls % 2
-        self.calls += 1
-        r = (self.calls + 1) // 2
         rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes) if profiling.current is not None else None
         if self._direct is not None:
-            o, a = self._ptrs[s]
-            self.launch_direct(x.data_ptr(), o, a, r, self.n, stream)
+            self.launch_direct(x.data_ptr(), *self._ptrs, self.n, stream)
         else:
-            self.kernel.launch(x.view(-1), self._out2d[s], self.arrived[s], r)
+            self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
         if rec is not None:  # tilescale.profiler: the call and its launch end here
             rec.end()
+        if self.captured:    # the device's count decides the slot (replays advanced it without the host)
+            return self._by_parity(out)
+        s = self.calls % 2
+        self.calls += 1
         result = self.buffers[s]
         if out is None or out.data_ptr() == result.data_ptr():
             return result
         out.copy_(result)
+        return out
+
+    def _by_parity(self, out):
+        """The slot that the call just enqueued writes, chosen by the device's count ((e - 1) % 2), copied into
+        `out` (None: a new tensor) on the stream: no host sync, capturable."""
+        import torch
+
+        if out is not None and any(out.data_ptr() == b.data_ptr() for b in self.buffers):
+            raise RuntimeError("AllGather: out is one of this op's slots, but a call of this op was captured in a "
+                               "CUDA graph, so a call's slot is chosen on the device: pass another tensor")
+        slot = torch.remainder(self.counters[:1] - 1, 2)
+        if out is None:
+            out = torch.empty_like(self.buffers[0])
+        if out.is_contiguous():
+            torch.index_select(self._slots, 0, slot, out=out.view(1, *out.shape))
+        else:
+            out.copy_(torch.index_select(self._slots, 0, slot)[0])
         return out
 
 
@@ -218,7 +258,7 @@ def all_gather(x):
 
 def all_gather_into_tensor(output, input):  # noqa: A002  (torch's argument names)
     """``torch.distributed.all_gather_into_tensor(output, input)``: one local copy into `output`, or none
-    when `output` is the slot this call writes (``_cached(...).next_out``)."""
+    when `output` is the slot this call writes (``_cached(...).next_out``, before any CUDA graph capture)."""
     from .. import runtime
 
     rt = checks.runtime_or_none()
@@ -266,7 +306,7 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("allgather", torch_name="all_gather_into_tensor", aliases=("all_gather",),
-                                 algos={"push": registry.Algorithm(run_push)},
+                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
                                  tensors=("output_tensor", "input_tensor"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

@@ -6,8 +6,10 @@ torch equivalent::
 
 Both kernels see x as 16-byte vectors (:mod:`tilescale.ops.vectors`), accumulate in fp32 in rank order
 0..W-1 and round once, so every rank gets bitwise the same result. Every rank runs one kernel of
-`blocks` co-resident blocks; block b owns chunk b of the vectors. Receive buffers are double-buffered
-by epoch parity (par = e % 2), which makes a call safe to follow the previous one without a handshake:
+`blocks` co-resident blocks; block b owns chunk b of the vectors. The call number e = 1, 2, ... is counted
+on the device (``T.call_number(counters)``: every block of the call reads the same e, also when the call is
+replayed from a CUDA graph). Receive buffers are double-buffered by its parity (par = e % 2), which makes a
+call safe to follow the previous one without a handshake:
 a peer writes ``recv[par]`` again only in call e + 2, which it starts after its call e + 1 waited for
 data this rank sent after finishing call e.
 
@@ -41,7 +43,7 @@ import tilescale.language as T
 from . import checks, op_cache, registry, vectors
 from .base import Op
 from .reduce_scatter import push_and_reduce
-from .vectors import PASS_CONFIGS, SIGNAL
+from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
 __all__ = ["AllReduce", "all_reduce", "ONE_SHOT_MAX_BYTES"]
 
@@ -84,8 +86,9 @@ def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
     @T.prim_func
     def allreduce_one_shot(x: T.Tensor((nv, vec), dtype), out: T.Tensor((nv, vec), dtype),
                            recv: T.Tensor((2, W, nv, vec), dtype), flags: T.Tensor((blocks, W), SIGNAL),
-                           epoch: T.uint64):
+                           counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
+            epoch = T.call_number(counters)
             me = T.get_rank()
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
@@ -114,8 +117,9 @@ def allreduce_two_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
     @T.prim_func
     def allreduce_two_shot(x: T.Tensor((W, sv, vec), dtype), out: T.Tensor((W, sv, vec), dtype),
                            recv: T.Tensor((2, W, sv, vec), dtype), red: T.Tensor((2, sv, vec), dtype),
-                           flags: T.Tensor((2, blocks, W), SIGNAL), epoch: T.uint64):
+                           flags: T.Tensor((2, blocks, W), SIGNAL), counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
+            epoch = T.call_number(counters)
             me = T.get_rank()
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
@@ -169,6 +173,7 @@ class AllReduce(Op):
     """
 
     NAME, KERNEL = "AllReduce", "allreduce"
+    GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, *, algo: str = "auto", blocks: int | None = None, threads: int = 512):
         import torch
@@ -191,7 +196,7 @@ class AllReduce(Op):
             self.recv = self.symmetric((2, W, self.nv, vec), dtype)
             self.red = None
             self.flags = self.symmetric((self.blocks, W), torch.uint64, zero=True)
-            names = ("x", "out", "recv", "flags", "epoch", "nv")
+            names = ("x", "out", "recv", "flags", "counters", "nv")
         else:
             sv = -(-n // (vec * W))
             self.nv = W * sv
@@ -199,10 +204,12 @@ class AllReduce(Op):
             self.recv = self.symmetric((2, W, sv, vec), dtype)
             self.red = self.symmetric((2, sv, vec), dtype)
             self.flags = self.symmetric((2, self.blocks, W), torch.uint64, zero=True)
-            names = ("x", "out", "recv", "red", "flags", "epoch", "sv")
+            names = ("x", "out", "recv", "red", "flags", "counters", "sv")
         self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]), names)
         self.padded = self.nv * vec != n
-        self.launch_args(*(t for t in (self.recv, self.red, self.flags) if t is not None))
+        self.padded_scratch(1, self.vshape, self.vshape)
+        self.launch_args(*(t for t in (self.recv, self.red, self.flags) if t is not None),
+                         self.call_counters(self.blocks))
         self._dim = self.nv if algo == "one_shot" else self.nv // W
 
     def __call__(self, x, out=None):
@@ -250,8 +257,9 @@ def run_two_shot(tensor, op="sum"):
     all_reduce(tensor.view(-1), op=op, algo="two_shot")
 
 
-ALGOS = {"one_shot": registry.Algorithm(run_one_shot, ((0, ONE_SHOT_MAX_BYTES),)),
-         "two_shot": registry.Algorithm(run_two_shot, ((ONE_SHOT_MAX_BYTES + 1, registry.MAX_MSG_SIZE),))}
+ALGOS = {"one_shot": registry.Algorithm(run_one_shot, ((0, ONE_SHOT_MAX_BYTES),), graph_safe=True),
+         "two_shot": registry.Algorithm(run_two_shot, ((ONE_SHOT_MAX_BYTES + 1, registry.MAX_MSG_SIZE),),
+                                             graph_safe=True)}
 
 
 def serve(world_size, tensor, **_):

@@ -10,10 +10,12 @@ layout); the steps around them are written once, here:
 2. :meth:`Op.symmetric` allocates the op's symmetric buffers (collectively), which :meth:`Op.close` frees;
    :meth:`Op.build` compiles the kernel and finds its direct entry point
    (:func:`~tilescale.ops.direct_launch.direct_entry`);
-3. every call starts with :meth:`Op.begin`: refuse CUDA graph capture, run the call checks
-   (``_validate``, agreed across ranks once per argument signature) and order a change of the current
-   stream after the previous call's (:class:`~tilescale.ops.checks.StreamOrder`); ``self.epoch`` counts
-   the calls (receive buffers are double-buffered by its parity);
+3. every call starts with :meth:`Op.begin`: run the call checks (``_validate``, agreed across ranks once
+   per argument signature) and order a change of the current stream after the previous call's
+   (:class:`~tilescale.ops.checks.StreamOrder`). The collectives (``GRAPH_SAFE``) count their calls on the
+   device (:meth:`Op.call_counters`, ``T.call_number``: receive buffers are double-buffered by its parity),
+   so they may be captured in a CUDA graph (:mod:`.capture`: no stream-order change during capture); the
+   ops that count calls on the host (``self.epoch``: the fused ones) refuse capture;
 4. the launch: :meth:`Op.launch_direct` with raw pointers when the tensors are as the kernel wants them
    (one ctypes call), else the checked ``kernel.launch`` on staged copies (:meth:`Op.scratch`: padded
    scratch tensors owned by the op).
@@ -21,8 +23,7 @@ layout); the steps around them are written once, here:
 import contextlib
 import math
 
-from . import checks
-from .capture import refuse_graph_capture
+from . import capture, checks
 from .direct_launch import direct_entry
 from .vectors import stream_getter, vector_view
 
@@ -31,9 +32,11 @@ class Op:
     """Base of the ops' classes. A subclass sets ``NAME`` (its class name, in messages) and ``KERNEL``
     (its kernel's name, in launch errors); the call checks (``_validate``) are those of ``op(x, out=None)``
     with `x` of ``shape`` and `out` of ``out_shape``, both of ``dtype`` (``X_WHAT`` / ``OUT_WHAT``: why,
-    in messages), unless it defines its own."""
+    in messages), unless it defines its own. ``GRAPH_SAFE``: its kernels count calls on the device
+    (:meth:`call_counters`), so its calls may be captured in a CUDA graph; else they refuse capture."""
 
     NAME = "Op"
+    GRAPH_SAFE = False
     KERNEL = "op"
     X_WHAT = OUT_WHAT = ""
     out_shape = None      # None: ``shape``
@@ -44,22 +47,24 @@ class Op:
         """``with self.arguments(**args): <checks>``: the runtime handle first (``self.rt``,
         ``self.world_size``, ``self.rank``); then the checks in the block, whose argument errors are held
         back until every rank has learnt whether all passed equal `args` (the raw arguments) and whether
-        any rank's checks failed: then every rank raises, or none does. Sets up the call checks, the stream
-        order and the epoch."""
+        any rank's checks failed: then every rank raises, or none does. Construction during CUDA graph
+        capture is refused the same way (agreed: :func:`.capture.construction_error`). Sets up the call
+        checks, the stream order and the host's call count (``epoch``: the ops that are not ``GRAPH_SAFE``)."""
         from .. import runtime
 
         self.rt = runtime.current()
         self.world_size, self.rank = self.rt.info.world_size, self.rt.info.rank
         with checks.deferred(self.NAME) as d:
             yield args      # the block may complete an argument (a default it resolved)
-        checks.require_same_on_all_ranks(self.NAME, d.error, **args)
+        checks.require_same_on_all_ranks(self.NAME, d.error or capture.construction_error(self.NAME), **args)
         self.device = checks.this_device()
         self._check = checks.CallCheck(self.NAME)
         self._agreed = self._check.agreed
         self._order = checks.StreamOrder(self.device)
         self._stream = stream_getter()
         self._buffers, self._scratch = [], {}
-        self.epoch = 0
+        self.epoch = 0          # calls counted on the host (the ops that are not GRAPH_SAFE)
+        self.captured = False   # a call of this op was captured in a CUDA graph (replays count on the device)
 
     def symmetric(self, shape, dtype, *, zero: bool = False):
         """A symmetric tensor of this op (collective; zero-filled with `zero`), freed by :meth:`close`. When
@@ -74,6 +79,16 @@ class Op:
             raise
         self._buffers.append(t)
         return t
+
+    def call_counters(self, blocks: int):
+        """This op's call counters (``self.counters``): `blocks` int64 words, one per block of its kernel,
+        zero, in this GPU's memory (not symmetric); the kernel counts its calls in them (``T.call_number``).
+        Zeroed before this returns (the first call may be made on another stream)."""
+        import torch
+
+        self.counters = torch.zeros(blocks, dtype=torch.int64, device=self.device)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.counters
 
     def build(self, fn, args: tuple, names: tuple | None = None):
         """(kernel, direct entry or None): ``fn(*args)`` compiled and loaded, and its C entry point when its
@@ -106,7 +121,8 @@ class Op:
 
     def begin(self, *args) -> int:
         """The first steps of every call (see the module docstring); returns the current stream's handle."""
-        refuse_graph_capture(self.NAME)
+        if _capturing():
+            return self.begin_captured(*args)
         try:
             key = self.call_key(*args)
             hit = key in self._agreed
@@ -115,6 +131,22 @@ class Op:
         if not hit:
             self._check(key, self._validate, *args)
         return self.ordered_stream()
+
+    def begin_captured(self, *args) -> int:
+        """:meth:`begin` during CUDA graph capture: refused unless ``GRAPH_SAFE``; the call checks (agreed over
+        the host's gloo group: nothing on the GPU); no stream-order change (``torch.cuda.graph`` orders its
+        capture stream, and an event recorded outside a capture cannot be waited for inside it)."""
+        if not self.GRAPH_SAFE:
+            raise capture.refusal(self.NAME)
+        self.captured = True
+        try:
+            key = self.call_key(*args)
+            hit = key in self._agreed
+        except Exception:  # noqa: BLE001
+            key, hit = None, False
+        if not hit:
+            self._check(key, self._validate, *args)
+        return self._stream()
 
     def ordered_stream(self) -> int:
         """The current stream's handle, after ordering it behind the previous call's stream if it changed."""
@@ -141,15 +173,23 @@ class Op:
             self._scratch[name] = t
         return t
 
+    def padded_scratch(self, x_groups: int, x_shape: tuple, out_shape: tuple) -> None:
+        """Make the scratch tensors of :meth:`launch_vectors` now when every call needs them (``self.padded``):
+        zero-filled here, eagerly; made on first use during a CUDA graph capture, their zero fill would run only
+        when the graph is replayed."""
+        if self.padded:
+            self.scratch("x", (x_groups, math.prod(x_shape) // x_groups), zero=True)
+            self.scratch("out", out_shape)
+
     def launch_args(self, *args) -> None:
-        """The kernel's arguments between the input / output and the epoch, the same on every call: the op's
-        buffers (tensors) and ints (:meth:`launch_vectors`)."""
+        """The kernel's arguments between the input / output and the run-time sizes, the same on every call: the
+        op's buffers (tensors, the call counters last) and ints (:meth:`launch_vectors`)."""
         self._bufs = args
         self._ptrs = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in args)
 
     def launch_vectors(self, x, out, stream, dim: int, x_groups: int, x_shape: tuple, out_shape: tuple, *,
                        writes_out: bool = True):
-        """The launch of a kernel ``(x, out, *launch_args, epoch)`` that sees its input as `x_shape` and its
+        """The launch of a kernel ``(x, out, *launch_args, dim)`` that sees its input as `x_shape` and its
         output as `out_shape`, runs of 16-byte vectors (the reducing collectives, :mod:`.vectors`) with `dim`
         their run-time size: with raw pointers when both tensors are contiguous, 16-byte aligned and fill whole
         vectors; else through the op's padded scratch tensors (`x` as `x_groups` equal runs, each padded with
@@ -165,8 +205,7 @@ class Op:
         if self._direct is not None and not self.padded and x.is_contiguous() and out.is_contiguous():
             xp, op = x.data_ptr(), out.data_ptr()
             if not (xp | op) & 15:  # the fast path: 16-byte aligned, whole vectors
-                self.epoch += 1
-                self.launch_direct(xp, op, *self._ptrs, self.epoch, dim, stream)
+                self.launch_direct(xp, op, *self._ptrs, dim, stream)
                 return out
         xv, ov = vector_view(x, x_shape), vector_view(out, out_shape)
         if xv is None:
@@ -176,8 +215,14 @@ class Op:
             xv = xpad.view(x_shape)
         if ov is None:
             ov = self.scratch("out", out_shape)
-        self.epoch += 1
-        self.kernel.launch(xv, ov, *self._bufs, self.epoch)
+        self.kernel.launch(xv, ov, *self._bufs)
         if writes_out and (ov.data_ptr() != out.data_ptr() or not out.is_contiguous()):
             out.copy_(ov.view(-1)[:out.numel()].view(out.shape))
         return out
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (one C call, ~0.1 us, once CUDA is initialised)."""
+    import torch
+
+    return torch._C._cuda_isCurrentStreamCapturing()

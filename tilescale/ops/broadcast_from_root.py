@@ -10,9 +10,11 @@ of call e has the sequence number ``seq = (e - 1) * nsub + k + 1``, which only g
 tensor into its symmetric ``stage[par]`` (par = e % 2); the other ranks read it over NVLink straight into
 their own tensor, so neither side needs its tensor on the symmetric heap; sub-chunks pipeline the two.
 
-Signal protocol of one call (epoch e = 1, 2, ...):
+Signal protocol of one call (call number e = 1, 2, ..., counted on the device: ``T.call_number(counters)``,
+the same in every block of the call and new on every replay of a CUDA graph; the kernel derives par and
+e_old = max(e - 2, 0) from it):
 
-1. root, block b: waits until ``done[b, r] >= e - 2`` for every other rank r (r finished reading
+1. root, block b: waits until ``done[b, r] >= e_old`` for every other rank r (r finished reading
    ``stage[par]`` two calls ago, so it may be overwritten); then for k = 0, 1, ...: copies sub-chunk k
    of chunk b of x into ``stage[par]`` and sets ``ready[b] = seq`` on every other rank (release, system
    scope);
@@ -30,7 +32,7 @@ import tilescale.language as T
 
 from . import checks, op_cache, registry, vectors
 from .base import Op
-from .vectors import BYTE, PASS_CONFIGS, SIGNAL
+from .vectors import BYTE, COUNTER, PASS_CONFIGS, SIGNAL
 
 __all__ = ["Broadcast", "broadcast"]
 
@@ -49,8 +51,10 @@ def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
     @T.prim_func
     def broadcast(x: T.Tensor((n,), BYTE), out: T.Tensor((n,), BYTE),
                   stage: T.Tensor((2, n_stage), BYTE), ready: T.Tensor((blocks,), SIGNAL),
-                  done: T.Tensor((blocks, W), SIGNAL), root: T.int32, epoch: T.uint64, epoch_old: T.uint64):
+                  done: T.Tensor((blocks, W), SIGNAL), root: T.int32, counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
+            epoch = T.call_number(counters)
+            epoch_old = T.max(epoch, 2) - 2     # max(e - 2, 0), in unsigned arithmetic
             me = T.get_rank()
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
@@ -106,6 +110,7 @@ class Broadcast(Op):
     """
 
     NAME, KERNEL = "Broadcast", "broadcast"
+    GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, src: int, *, blocks: int | None = None, threads: int = 512):
         import torch
@@ -129,9 +134,8 @@ class Broadcast(Op):
         self.ready = self.symmetric((self.blocks,), torch.uint64, zero=True)
         self.done = self.symmetric((self.blocks, W), torch.uint64, zero=True)
         self.kernel, self._direct = self.build(fn, (W, self.blocks, threads), ("x", "out", "stage", "ready", "done",
-                                                                              "root", "epoch", "epoch_old", "n",
-                                                                              "n_stage"))
-        self.launch_args(self.stage, self.ready, self.done, src)
+                                                                              "root", "counters", "n", "n_stage"))
+        self.launch_args(self.stage, self.ready, self.done, src, self.call_counters(self.blocks))
 
     def __call__(self, x, out=None):
         import torch
@@ -142,18 +146,14 @@ class Broadcast(Op):
         if self.nbytes == 0:
             return out
         if self._direct is not None and out is x and x.is_contiguous():
-            self.epoch += 1   # the fast path: in place
-            p = x.data_ptr()
-            self.launch_direct(p, p, *self._ptrs, self.epoch, max(self.epoch - 2, 0), self.nbytes,
-                               self.stage.shape[1], stream)
+            p = x.data_ptr()   # the fast path: in place
+            self.launch_direct(p, p, *self._ptrs, self.nbytes, self.stage.shape[1], stream)
             return out
         dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         src = x if x.is_contiguous() else x.contiguous()
         if self.rank == self.src and dst.data_ptr() != src.data_ptr():
             dst.copy_(src)
-        self.epoch += 1
-        self.kernel.launch(src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8), *self._bufs, self.epoch,
-                           max(self.epoch - 2, 0))
+        self.kernel.launch(src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8), *self._bufs)
         if dst is not out:
             out.copy_(dst)
         return out
@@ -204,7 +204,8 @@ def serve(world_size, tensor, src, group_src, **_):
     return registry.rooted_call(world_size, tensor, src, group_src, "src")
 
 
-COLLECTIVE = registry.collective("broadcast", torch_name="broadcast", algos={"pull": registry.Algorithm(run_pull)},
+COLLECTIVE = registry.collective("broadcast", torch_name="broadcast",
+                                 algos={"pull": registry.Algorithm(run_pull, graph_safe=True)},
                                  tensors=("tensor",), serve=serve, kernels=kernels,
                                  bench=registry.rooted_bench(Broadcast),
                                  busbw=lambda W: 1.0, exact=True, module=__name__)

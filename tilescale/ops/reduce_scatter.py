@@ -7,7 +7,9 @@ torch equivalent (x: (R, ...) on every rank, R divisible by W)::
 
 Layout: x is seen as W slices of ``sv`` 16-byte vectors (:mod:`tilescale.ops.vectors`); every rank runs
 one kernel of `blocks` blocks (all co-resident), block b owning vectors [lo_b, hi_b) of every slice.
-Signal protocol of one call (epoch e = 1, 2, ...; par = e % 2 picks one of two receive buffers):
+Signal protocol of one call (call number e = 1, 2, ..., counted on the device: ``T.call_number(counters)``,
+the same in every block of the call and new on every replay of a CUDA graph; par = e % 2 picks one of two
+receive buffers):
 
 1. block b copies chunk b of slice p of x into ``recv[par, rank]`` on rank p, for p = rank+1, rank+2, ...
    (16-byte stores through the NVLink mapping), then, after a system fence, sets ``flags[0, b, rank] = e``
@@ -28,7 +30,7 @@ import tilescale.language as T
 
 from . import checks, op_cache, registry, vectors
 from .base import Op
-from .vectors import PASS_CONFIGS, SIGNAL
+from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
 __all__ = ["ReduceScatter", "reduce_scatter_tensor"]
 
@@ -81,8 +83,9 @@ def reduce_scatter_kernel(world_size: int, blocks: int, dtype: str = "bfloat16",
     @T.prim_func
     def reduce_scatter(x: T.Tensor((W, sv, vec), dtype), out: T.Tensor((1, sv, vec), dtype),
                        recv: T.Tensor((2, W, sv, vec), dtype), flags: T.Tensor((1, blocks, W), SIGNAL),
-                       epoch: T.uint64):
+                       counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
+            epoch = T.call_number(counters)
             par = T.cast(epoch % 2, "int32")
             chunk = T.ceildiv(sv, blocks)
             lo = T.min(b * chunk, sv)
@@ -106,6 +109,7 @@ class ReduceScatter(Op):
     """
 
     NAME, KERNEL = "ReduceScatter", "reduce_scatter"
+    GRAPH_SAFE = True
     OUT_WHAT = "rows / world_size"
 
     def __init__(self, shape, dtype, *, blocks: int | None = None, threads: int = 512):
@@ -131,8 +135,9 @@ class ReduceScatter(Op):
         self.flags = self.symmetric((1, self.blocks, W), torch.uint64, zero=True)
         self.padded = sv * vec != self.slice
         self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]),
-                                               ("x", "out", "recv", "flags", "epoch", "sv"))
-        self.launch_args(self.recv, self.flags)
+                                               ("x", "out", "recv", "flags", "counters", "sv"))
+        self.padded_scratch(W, (W, sv, vec), (1, sv, vec))
+        self.launch_args(self.recv, self.flags, self.call_counters(self.blocks))
 
     def __call__(self, x, out=None):
         stream = self.begin(x, out)
@@ -204,6 +209,7 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("reduce_scatter", torch_name="reduce_scatter_tensor", aliases=("reducescatter",),
-                                 algos={"direct": registry.Algorithm(run_direct)}, tensors=("output", "input"),
+                                 algos={"direct": registry.Algorithm(run_direct, graph_safe=True)},
+                                 tensors=("output", "input"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=False,
                                  module=__name__)

@@ -6,10 +6,11 @@ torch equivalent::
 
 x is seen as 16-byte vectors (:mod:`tilescale.ops.vectors`), summed in fp32 in rank order 0..W-1 and
 rounded once (bitwise the AllReduce's result). Every rank runs one kernel of `blocks` co-resident blocks;
-block b owns chunk b of the vectors. The root's receive buffer is double-buffered by epoch parity
-(par = e % 2).
+block b owns chunk b of the vectors. The root's receive buffer is double-buffered by the parity of the call
+number (par = e % 2).
 
-Signal protocol of one call (epoch e = 1, 2, ...):
+Signal protocol of one call (call number e = 1, 2, ..., counted on the device: ``T.call_number(counters)``,
+the same in every block of the call and new on every replay of a CUDA graph):
 
 1. rank r != root, block b: waits until ``done[b] >= e - 2`` (the root has summed what r sent into
    ``recv[par]`` two calls ago, so it may be overwritten); copies chunk b of x into ``recv[par, r]`` on the
@@ -28,7 +29,7 @@ import tilescale.language as T
 from . import checks, op_cache, registry, vectors
 from .allreduce import sum_chunk
 from .base import Op
-from .vectors import PASS_CONFIGS, SIGNAL
+from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
 __all__ = ["Reduce", "reduce"]
 
@@ -46,8 +47,9 @@ def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads
     @T.prim_func
     def reduce(x: T.Tensor((nv, vec), dtype), out: T.Tensor((nv, vec), dtype), recv: T.Tensor((2, W, nv, vec), dtype),
                ready: T.Tensor((blocks, W), SIGNAL), done: T.Tensor((blocks,), SIGNAL), root: T.int32,
-               epoch: T.uint64):
+               counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
+            epoch = T.call_number(counters)
             me = T.get_rank()
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
@@ -86,6 +88,7 @@ class Reduce(Op):
     """
 
     NAME, KERNEL = "Reduce", "reduce"
+    GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, dst: int, *, blocks: int | None = None, threads: int = 512):
         import torch
@@ -110,8 +113,9 @@ class Reduce(Op):
         self.ready = self.symmetric((self.blocks, W), torch.uint64, zero=True)
         self.done = self.symmetric((self.blocks,), torch.uint64, zero=True)
         self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]),
-                                               ("x", "out", "recv", "ready", "done", "root", "epoch", "nv"))
-        self.launch_args(self.recv, self.ready, self.done, dst)
+                                               ("x", "out", "recv", "ready", "done", "root", "counters", "nv"))
+        self.padded_scratch(1, (self.nv, self.vec), (self.nv, self.vec))
+        self.launch_args(self.recv, self.ready, self.done, dst, self.call_counters(self.blocks))
 
     def __call__(self, x, out=None):
         stream, shape = self.begin(x, out), (self.nv, self.vec)
@@ -168,6 +172,7 @@ def serve(world_size, tensor, dst, group_dst, **_):
     return registry.rooted_call(world_size, tensor, dst, group_dst, "dst", op="sum")
 
 
-COLLECTIVE = registry.collective("reduce", torch_name="reduce", algos={"push": registry.Algorithm(run_push)},
+COLLECTIVE = registry.collective("reduce", torch_name="reduce",
+                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
                                  tensors=("tensor",), serve=serve, kernels=kernels, bench=registry.rooted_bench(Reduce),
                                  busbw=lambda W: 1.0, exact=False, module=__name__)

@@ -37,10 +37,13 @@ class PlanUnsupportedError(TileScaleError, NotImplementedError):
 class Algorithm:
     """One way to run a collective: `run` has the collective's torch-like signature (what a plan calls,
     e.g. ``(tensor, op="sum")`` for an allreduce) and copies through the op's own buffers; `ranges` are
-    the message sizes (bytes, inclusive) it serves by default (``hints={"prefer": "tilescale"}``)."""
+    the message sizes (bytes, inclusive) it serves by default (``hints={"prefer": "tilescale"}``);
+    `graph_safe`: its ops count calls on the device (``Op.GRAPH_SAFE``), so a call may be captured in a CUDA
+    graph (else tilescale.distributed sends captured calls to NCCL)."""
 
     run: Callable
     ranges: tuple = ((0, MAX_MSG_SIZE),)
+    graph_safe: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ one after the other (correct, not overlapped) and say so on the debug log (``TIL
 
 Async-TP drop-ins on these operators: :mod:`tilescale.ops.async_tp`.
 
-Not supported: CUDA graph capture (the ops refuse it, see tilescale.ops.capture).
+CUDA graph capture: the collectives' operators may be captured and replayed (they count calls on the device);
+the fused ones (``ag_gemm``, ``gemm_rs``) refuse it (see tilescale.ops.capture).
 """
 import logging
 import sys

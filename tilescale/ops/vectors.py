@@ -12,6 +12,7 @@ import math
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 # dtypes of the kernels' bookkeeping tensors (names, so that annotations hold no string literals)
 SIGNAL, BYTE, INDEX = "uint64", "uint8", "int64"
+COUNTER = "int64"   # the call counters (T.call_number): one word per block, in the op's local memory
 # Empty chunks are legal (a block whose chunk starts at the end still signals): no bound guards. The
 # collectives' kernels are compiled with these pass configs.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}

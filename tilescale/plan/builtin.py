@@ -30,6 +30,8 @@ CONSTRAINTS = {"dtypes": list(DTYPES), "devices": ["cuda"], "needs_runtime": Tru
 # {plan name: (collective, algorithm)}: each op keeps its own symmetric buffers and copies from / into the
 # caller's tensors, which therefore need not be on the symmetric heap.
 ALGOS = {f"tilescale.{c.name}.{a}": (c.name, alg.run) for c in collectives() for a, alg in c.algos.items()}
+# the built-in plans whose ops count calls on the device: tilescale.distributed runs them in CUDA graph capture
+GRAPH_SAFE = frozenset(f"tilescale.{c.name}.{a}" for c in collectives() for a, alg in c.algos.items() if alg.graph_safe)
 
 
 def default_ranges() -> dict[str, list[tuple[int, int]]]:

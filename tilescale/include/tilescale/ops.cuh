@@ -460,6 +460,31 @@ __device__ __forceinline__ void barrier_all_first_block() {
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) barrier_all<kBlock>();
 }
 
+// ============================================================================== call numbers (CUDA graphs)
+// T.call_number(counters): which launch of this kernel this is (1, 2, ...), counted on the device, so that a
+// kernel replayed from a CUDA graph sees a new number on every replay (a number passed from the host would be
+// frozen at capture). Block b of the grid (linear index) owns counters[b]: thread 0 adds 1 to it and shares
+// the new value through shared memory; every block of one launch sees the same number, since every launch
+// adds 1 to every word and launches of one kernel run in stream order. An atomic add (performed at L2, its
+// result awaited before the block exits) rather than a load and a store: the next launch may start before
+// this one's memory is flushed (programmatic dependent launch), and still sees the count. Every thread of the
+// block calls it, once per launch, outside any branch (it synchronises the block).
+__device__ __forceinline__ uint64_t call_number(int64_t* counters, int n) {
+  __shared__ uint64_t number;
+  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    if (b >= n) {
+      printf("tilescale: T.call_number: block %d of the grid has no counter (the counters buffer holds %d: one "
+             "per block of the kernel)\n", b, n);
+      __trap();
+    }
+    number = atomicAdd(reinterpret_cast<unsigned long long*>(counters + b), 1ull) + 1ull;
+  }
+  __syncthreads();
+  return number;
+}
+// ========================================================================== end of call numbers
+
 }  // namespace tilescale
 
 // tilescale.barrier(): the same barrier as a one-thread kernel on `stream` (host code of every module).

@@ -1,0 +1,265 @@
+"""CUDA graphs on CPU (tilescale/ops/capture.py): the device call counter ``T.call_number`` (lowering and
+errors), every collective's kernel counting its calls on the device (no epoch scalar left), capture refused
+by the fused ops and by construction, accepted by the collectives without stream-order changes, AllGather's
+slot by the device's parity, tilescale.distributed's routing of captured calls, and no new host work per
+eager call. The GPU side (1,000 replays against references): tests/gpu/graphs_main.py."""
+import re
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tilescale  # noqa: E402
+import tilescale.language as T  # noqa: E402
+from tilescale import errors  # noqa: E402
+from tilescale.ops import all_to_all, allgather, allreduce, base, capture, checks, reduce_scatter  # noqa: E402
+from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
+from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
+from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
+from tilescale.ops import reduce_to_root as reduce  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from test_codegen import kernel_function, lower_source  # noqa: E402
+
+KERNELS = {   # every collective's kernel: (jit function, args, blocks of its grid)
+    "allgather": (allgather.allgather_kernel, (4, 8, "bfloat16"), 32),
+    "allreduce_one_shot": (allreduce.allreduce_one_shot_kernel, (4, 16, "bfloat16"), 16),
+    "allreduce_two_shot": (allreduce.allreduce_two_shot_kernel, (4, 32, "float32"), 32),
+    "reduce_scatter": (reduce_scatter.reduce_scatter_kernel, (4, 16, "float16"), 16),
+    "all_to_all": (all_to_all.all_to_all_kernel, (4, 4), 16),
+    "broadcast": (broadcast.broadcast_kernel, (4, 8), 8),
+    "reduce": (reduce.reduce_kernel, (4, 16, "bfloat16"), 16),
+}
+GRAPH_SAFE_OPS = (allgather.AllGather, allreduce.AllReduce, reduce_scatter.ReduceScatter, all_to_all.AllToAll,
+                  broadcast.Broadcast, reduce.Reduce)
+
+
+
+
+@pytest.fixture
+def lowering(monkeypatch):
+    """The environment test_codegen lowers in: no NVSHMEM / build-mode settings of this shell."""
+    from tilescale import discovery
+
+    for name in ("NVSHMEM_HOME", "TILESCALE_BUILD_MODE", "TILESCALE_USE_NVSHMEM", "TILELANG_USE_NVSHMEM",
+                 "TILESCALE_USE_DISTRIBUTED", "TILELANG_USE_DISTRIBUTED"):
+        monkeypatch.delenv(name, raising=False)
+    discovery.clear_cache()
+    yield
+    discovery.clear_cache()
+
+
+# ------------------------------------------------------------------------------- T.call_number
+def _first_statement(src: str) -> str:
+    body = kernel_function(src).split("{", 1)[1]
+    decl = re.compile(r"(float|int) \w+\[\d+\];")   # register arrays come first
+    lines = [ln.strip() for ln in body.splitlines() if ln.strip() and not decl.match(ln.strip())]
+    return lines[0]
+
+
+def test_call_number_lowers_to_one_call_before_any_branch(lowering):
+    @T.prim_func
+    def counted(x: T.Tensor((8,), "float32"), counters: T.Tensor((4,), "int64"), sig: T.Tensor((4,), "uint64")):
+        with T.Kernel(4, threads=128) as b:
+            e = T.call_number(counters)
+            if T.get_thread_binding() == 0:
+                T.wait_until(sig[b], cmp="ge", value=e)
+            x[b * 2 + T.cast(e % 2, "int32")] = T.cast(T.max(e, 2) - 2, "float32")
+
+    src = lower_source(counted)
+    assert _first_statement(src) == "uint64_t e = tilescale::call_number((&(counters[0])), 4);", kernel_function(src)
+    assert src.count("tilescale::call_number(") == 1     # bound once, used three times
+    assert "int64_t* counters" in kernel_function(src)   # writable
+
+
+def test_call_number_rejects_a_wrong_counters_buffer(lowering):
+    for dtype, shape in (("uint64", (4,)), ("int32", (4,)), ("int64", (2, 2))):
+        with pytest.raises(errors.LanguageError, match=r"T.call_number: counters: buffer 'c' is a .* expected a 1-D "
+                                                       r"int64 buffer in global memory"):
+            @T.prim_func
+            def bad(c: T.Tensor(shape, dtype)):
+                with T.Kernel(4, threads=128):
+                    T.call_number(c)
+
+
+def test_the_device_function_counts_atomically_per_block():
+    src = (__import__("pathlib").Path(tilescale.__file__).parent / "include" / "tilescale" / "ops.cuh").read_text()
+    fn = src[src.index("uint64_t call_number("):src.index("end of call numbers")]
+    assert "atomicAdd(" in fn and "__shared__" in fn and "__syncthreads()" in fn and "__trap()" in fn
+    assert "blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)" in fn
+
+
+# ------------------------------------------------------------------- the collectives' kernels
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_collective_kernels_count_calls_on_the_device(lowering, name):
+    fn, args, blocks = KERNELS[name]
+    func = fn.get_tir(*args)
+    scalars = [p.name for p in func.params if p not in func.buffer_map]
+    assert not [s for s in scalars if "epoch" in s or "round" in s], f"a host call count is a parameter: {scalars}"
+    bufs = {func.buffer_map[p].name: func.buffer_map[p] for p in func.params if p in func.buffer_map}
+    c = bufs.get("counters")
+    assert c is not None and str(c.dtype) == "int64" and [int(d) for d in c.shape] == [blocks], bufs
+    src = lower_source(func)
+    assert src.count("tilescale::call_number(") == 1
+    assert re.fullmatch(rf"uint64_t \w+ = tilescale::call_number\(\(&\(counters\[0\]\)\), {blocks}\);",
+                        _first_statement(src)), kernel_function(src)
+
+
+def test_graph_safety_is_declared_per_op_class():
+    for cls in GRAPH_SAFE_OPS:
+        assert cls.GRAPH_SAFE is True, cls
+    assert ag_gemm.AGGemm.GRAPH_SAFE is False and gemm_rs.GemmRS.GRAPH_SAFE is False
+    assert base.Op.GRAPH_SAFE is False    # a new op refuses capture until it counts on the device
+
+
+# ------------------------------------------------------------------------------ Op.begin
+class Launched(Exception):
+    pass
+
+
+class _Order:
+    handle = 5                  # the last eager call's stream
+
+    def switch(self, handle):
+        raise Launched(f"stream switch to {handle}")
+
+
+def _op(cls, monkeypatch, capturing: bool, **attrs):
+    """An op object without buffers or kernels (no GPU), as if the stream were (not) capturing."""
+    monkeypatch.setattr(base, "_capturing", lambda: capturing)
+    op = object.__new__(cls)
+    op.device = torch.device("cpu")
+    op._check = checks.CallCheck(cls.__name__)
+    op._agreed = op._check.agreed
+    op._stream = lambda: 7
+    op._order = _Order()
+    op.captured = False
+    for k, v in attrs.items():
+        setattr(op, k, v)
+    return op
+
+
+def test_fused_ops_still_refuse_capture(monkeypatch):
+    agg = _op(ag_gemm.AGGemm, monkeypatch, True, rows=64, K=32, N=48, M=128, dtype=torch.bfloat16, world_size=2)
+    with pytest.raises(errors.GraphCaptureError, match=r"AGGemm: called during CUDA graph capture, which it does not "
+                                                       r"support .*routes captured calls to NCCL"):
+        agg.begin(torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(32, 48, dtype=torch.bfloat16), None)
+    rs = _op(gemm_rs.GemmRS, monkeypatch, True, M=128, K=32, N=48, dtype=torch.float16, world_size=2)
+    with pytest.raises(RuntimeError, match=r"GemmRS: called during CUDA graph capture"):
+        rs.begin(torch.zeros(128, 32, dtype=torch.float16), torch.zeros(32, 48, dtype=torch.float16), None)
+
+
+def test_collectives_capture_without_a_stream_order_change(monkeypatch):
+    ar = _op(allreduce.AllReduce, monkeypatch, True, shape=(16,), dtype=torch.float32)
+    assert ar.begin(torch.zeros(16), None) == 7            # the capture stream, no switch (it would raise)
+    assert ar.captured and ar._check.exchanges == 1        # the call checks ran (agreed over gloo: host only)
+    with pytest.raises(ValueError, match=r"AllReduce: x: got a float64 tensor"):
+        ar.begin(torch.zeros(16, dtype=torch.float64), None)
+    eager = _op(allreduce.AllReduce, monkeypatch, False, shape=(16,), dtype=torch.float32)
+    with pytest.raises(Launched, match="stream switch to 7"):   # eager: the order is kept as before
+        eager.begin(torch.zeros(16), None)
+    assert not eager.captured
+
+
+def test_construction_during_capture_is_refused_on_every_rank(monkeypatch):
+    from tilescale import runtime
+
+    seen = []
+
+    class Rt:
+        info = type("Info", (), {"world_size": 2, "rank": 0, "local_rank": 0})()
+
+        def all_gather_object(self, obj):
+            seen.append(obj)
+            return [obj, obj]
+
+    monkeypatch.setattr(runtime, "current", lambda: Rt())
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    with pytest.raises(errors.GraphCaptureError, match=r"AllReduce: constructed during CUDA graph capture .* make one "
+                                                       r"eager call .* \[failed on rank\(s\) 0, 1 of 2"):
+        allreduce.AllReduce((16,), torch.float32)
+    assert seen and "constructed during CUDA graph capture" in str(seen[0])   # agreed before anyone raised
+
+
+def test_split_sizes_refuse_capture(monkeypatch):
+    from tilescale import runtime
+
+    def no_runtime():   # nothing is exchanged before the refusal
+        raise errors.NotInitializedError("no runtime")
+
+    monkeypatch.setattr(runtime, "current", no_runtime)
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    t = torch.zeros(4, 2)
+    monkeypatch.setattr(checks, "this_device", lambda: torch.device("cpu"))
+    with pytest.raises(errors.GraphCaptureError, match=r"all_to_all_single: split sizes during CUDA graph capture"):
+        all_to_all.all_to_all_single(t, t, [2, 2], [2, 2])
+
+
+# ------------------------------------------------------------------------ AllGather's slot
+def _ag(count: int):
+    ag = object.__new__(allgather.AllGather)
+    ag._slots = torch.stack([torch.full((4, 3), 10.0), torch.full((4, 3), 20.0)])
+    ag.buffers = (ag._slots[0], ag._slots[1])
+    ag.counters = torch.full((8,), count, dtype=torch.int64)
+    ag.captured, ag.calls = True, 0
+    return ag
+
+
+def test_allgather_takes_the_slot_by_the_device_parity():
+    for count, want in ((1, 10.0), (2, 20.0), (3, 10.0), (1000, 20.0)):   # call e wrote slot (e - 1) % 2
+        ag = _ag(count)
+        assert ag._by_parity(None).eq(want).all()
+        out = torch.zeros(4, 3)
+        assert ag._by_parity(out) is out and out.eq(want).all()
+        strided = torch.zeros(3, 4).t()
+        assert ag._by_parity(strided).eq(want).all()
+    ag = _ag(1)
+    with pytest.raises(RuntimeError, match="out is one of this op's slots"):
+        ag._by_parity(ag.buffers[1])
+    for prop in ("out", "next_out"):
+        with pytest.raises(RuntimeError, match=rf"AllGather.{prop}: a call of this op was captured"):
+            getattr(ag, prop)
+    ag.captured = False
+    assert ag.next_out is ag.buffers[0] and ag.out is ag.buffers[0]
+
+
+# ----------------------------------------------------------------------- tilescale.distributed
+def test_distributed_captures_graph_safe_builtin_plans_only(monkeypatch):
+    import tilescale.distributed as dist
+    from tilescale.plan import builtin
+
+    assert set(builtin.GRAPH_SAFE) == set(builtin.ALGOS)    # every built-in algorithm today
+    assert "CUDA graph capture" not in str(dist._why_not(None, [torch.ones(4)]))
+    plan = type("P", (), {"tags": frozenset({"tilescale", "builtin"}), "name": "tilescale.allreduce.one_shot"})()
+    assert dist._graph_safe(plan)
+    plan.name = "tilescale.allreduce.hier"         # a built-in algorithm not declared graph-safe
+    assert not dist._graph_safe(plan)
+    plan.tags, plan.name = frozenset({"user"}), "tilescale.allreduce.one_shot"   # a user's plan of that name
+    assert not dist._graph_safe(plan)
+
+
+# ----------------------------------------------------------------- host work per eager call
+def test_eager_call_does_no_new_host_work(monkeypatch):
+    """The Python functions an eager AllReduce call runs (a signature agreed before, the direct launch): the
+    capture check is one function, no other work was added to the call path."""
+    launched = []
+    ar = _op(allreduce.AllReduce, monkeypatch, False, shape=(16,), dtype=torch.float32, padded=False,
+             _direct=(lambda *a: launched.append(a) or 0, None), _ptrs=(1, 2, 3), _dim=4, vshape=(4, 4))
+    ar._order.handle = 7
+    x, out = torch.zeros(16), torch.zeros(16)
+    ar(x, out=out)                                       # first call: agrees on the signature
+    names = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        ar(x, out=out)
+    finally:
+        sys.setprofile(None)
+    assert launched[-1] == (x.data_ptr(), out.data_ptr(), 1, 2, 3, 4, 7)   # no epoch: the counters are in _ptrs
+    assert sorted(names) == sorted(["__call__", "begin", "<lambda>", "call_key", "ordered_stream", "<lambda>",
+                                    "launch_vectors", "launch_direct", "<lambda>"]), names

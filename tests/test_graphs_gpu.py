@@ -1,0 +1,25 @@
+"""GPU tier: CUDA graphs of the collectives on 2 and 4 ranks (tests/gpu/graphs_main.py): 1,000 replays of a
+captured AllGather x3 + AllReduce + ReduceScatter step with new inputs and poisoned outputs, a second graph of
+AllToAll, Broadcast, Reduce and AllReduce x2, eager calls between replays, and captured tilescale.distributed
+calls served by tilescale. The CPU side: tests/test_graphs_cpu.py."""
+import re
+from pathlib import Path
+
+import pytest
+
+from tilescale import testing
+
+GPU = Path(__file__).resolve().parent / "gpu"
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_collectives_replay_from_cuda_graphs(nranks):
+    testing.skip_unless_ranks(nranks)   # fewer GPUs than ranks: the ranks share GPUs
+    proc = testing.launch(GPU / "graphs_main.py", nranks, timeout=400)
+    testing.assert_all_ranks_ok(proc, nranks, marker="OK: graphs on")
+    out = proc.stdout
+    replays = [int(m) for m in re.findall(r"OK: graphs: graph 1 .* replayed (\d+) times", out)]
+    assert replays == [1000] * nranks, out[-4000:]
+    assert out.count("OK: graphs: graph 2") == nranks, out[-4000:]
+    assert out.count("OK: graphs: tilescale.distributed calls captured") == nranks, out[-4000:]
