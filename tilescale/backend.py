@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_modes, compat, discovery, toolchain
+from . import build_modes, compat, discovery, toolchain, topology
 from .env import settings
 from .errors import BackendError
 from .version import __version__
@@ -163,7 +163,8 @@ def header_digest() -> str:
 def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | None = None) -> list[str]:
     """nvcc flags of a distributed kernel. Single-token forms only (tilelang splits flags on spaces and
     drops tokens already on its command line). The -D tokens put everything that changes the binary
-    but is invisible to tilelang's cache key (NVSHMEM version, header contents, mode, timeout) into it."""
+    but is invisible to tilelang's cache key (NVSHMEM version, header contents, mode, timeout, the ranks per
+    node of TILESCALE_NODE_SIZE: ops.cuh's peer_ptr_or_null) into it."""
     if not spec.distributed:
         return []
     timeout = settings.wait_timeout_s if wait_timeout_s is None else wait_timeout_s
@@ -178,6 +179,7 @@ def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | No
         f"-DTILESCALE_NVSHMEM={install.version}",
         f"-DTILESCALE_HDR={header_digest()}",
         f"-DTILESCALE_WAIT_TIMEOUT_NS={int(timeout * 1e9)}ull",
+        f"-DTILESCALE_NODE_SIZE={topology.node_size_flag()}",
     ]
     mode = build_modes.get(spec.build_mode)
     if mode.link_libraries and not mode.supported_by(install):

@@ -171,12 +171,20 @@ def free(t) -> None:
 
 
 def get_remote_ptr(t, pe: int) -> int:
-    """Address of `t`'s copy on rank `pe`, mapped into this process (intra-node peers)."""
+    """Address of `t`'s copy on rank `pe`, mapped into this process (ranks of this node: with
+    TILESCALE_NODE_SIZE the emulated one, :mod:`tilescale.topology`)."""
+    from . import topology
+
     rt = current()
     require_symmetric(t, "tensor")
-    n = rt.info.world_size
+    n, me = rt.info.world_size, rt.info.rank
     if not isinstance(pe, int) or isinstance(pe, bool) or not 0 <= pe < n:
         raise OpArgumentError(f"pe: got {pe!r}, expected an int in [0, {n})")
+    topo = topology.of(n, rt.info.local_world_size)
+    if not topo.same_node(pe, me):
+        raise TileScaleError(f"rank {pe} is on node {topo.node_of(pe)}, rank {me} on node {topo.node_of(me)}"
+                             f"{' (TILESCALE_NODE_SIZE)' if topo.emulated else ''}: no load/store path; use put/get "
+                             "ops instead of peer pointers")
     p = rt.shim.ts_ptr(t.data_ptr(), pe) or 0
     if p == 0:
         raise TileScaleError(f"rank {pe} is not reachable by load/store from rank {rt.info.rank} (not on this node "

@@ -66,6 +66,11 @@ void* ts_ptr(const void* p, int pe) { return nvshmem_ptr(p, pe); }
 void ts_barrier_all() { nvshmem_barrier_all(); }
 void ts_barrier_all_on_stream(void* stream) { nvshmemx_barrier_all_on_stream((cudaStream_t)stream); }
 void ts_quiet_on_stream(void* stream) { nvshmemx_quiet_on_stream((cudaStream_t)stream); }
+// `n` bytes of symmetric `src` as they are on PE `pe` into local `dst` (symmetric, or registered: a network
+// reads into it), ordered on `stream`: work queued on `stream` after it sees the data. Source first.
+void ts_getmem_on_stream(const void* src, void* dst, size_t n, int pe, void* stream) {
+  nvshmemx_getmem_on_stream(dst, src, n, pe, (cudaStream_t)stream);
+}
 
 // Stream memory operations (no SM time): a 64-bit store, and a wait for a 64-bit value >= `value`.
 int ts_stream_write_u64(void* stream, void* addr, unsigned long long value) {

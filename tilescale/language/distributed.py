@@ -11,7 +11,11 @@ Conventions, everywhere:
   the start of a contiguous run (``A[i]`` with ``size=``). 2-D tiles of row-major buffers are moved
   row by row; contiguous runs in one transfer;
 * "symmetric" memory is memory allocated with ``tilescale.symm.empty`` (the same buffer exists on
-  every rank); remote operands must be symmetric, which tilescale checks at launch.
+  every rank); remote operands must be symmetric, which tilescale checks at launch;
+* every op picks its path per peer at run time: a rank of this node through its NVLink / P2P mapping
+  (loads and stores), a rank of another node through NVSHMEM's API (puts, gets, atomics).
+  ``TILESCALE_NODE_SIZE=k`` makes nodes of k ranks on one host (1: every other rank is remote).
+  ``remote`` alone has no such path: test ``peer_reachable`` first.
 
 Memory model in one paragraph: puts and gets are one-sided; a blocking put returns when its source
 may be reused, not when the data is visible at the peer. ``fence()`` orders this thread's earlier puts
@@ -59,14 +63,15 @@ __all__ = [
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
     "ld", "st", "atom_add", "atom_cas",
-    "fence", "quiet", "barrier_all", "sync_all", "remote",
+    "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
 
 # Positions of the symmetric operands of each device call (ops.cuh: what is read first, then the destination).
 for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilescale::put_signal", (1, 7)),
                     ("tilescale::signal_op", (1,)), ("tilescale::ld_pe", (0,)), ("tilescale::st_pe", (1,)),
                     ("tilescale::atom_add_pe", (1,)), ("tilescale::atom_cas_pe", (2,)),
-                    ("tilescale::peer_ptr", (0,)), ("tilescale::wait_until_pe", (0,))):
+                    ("tilescale::peer_ptr", (0,)), ("tilescale::wait_until_pe", (0,)),
+                    ("tilescale::peer_reachable", (0,))):
     register_symmetric_args(_name, _pos)
 
 # wait site id -> "file:line" of the user's kernel (ids are stable across processes: a hash).
@@ -249,7 +254,8 @@ def wait_until(signal, *, cmp, value, src_pe=None):
     visible before updating the signal is visible after this returns (also to TMA loads).
     Each calling thread waits. In debug mode (``TILESCALE_WAIT_TIMEOUT_S``) it gives up after that long,
     records rank, block, thread, this line, expected and observed values, and stops the kernel.
-    With ``src_pe``, polls rank `src_pe`'s copy of symmetric `signal` through its peer mapping instead."""
+    With ``src_pe``, polls rank `src_pe`'s copy of symmetric `signal` instead: through its peer mapping, or
+    with NVSHMEM's atomic fetch for a rank on another node."""
     op = "wait_until"
     code = _pick(op, "cmp", cmp, _CMPS)
     t = _Tile(op, "signal", signal, None, need_global=True)
@@ -303,7 +309,8 @@ def ld(src, *, scope="gpu", sem="acquire", src_pe=None):
     """Load one 32- or 64-bit element with explicit memory semantics: ``sem`` "acquire" (later loads
     see what the writer released), "relaxed", or "volatile"; ``scope`` "cta", "gpu" or "sys" (use "sys"
     for data written by peers or the host). With ``src_pe``, loads rank `src_pe`'s copy of symmetric `src`
-    through its peer mapping (intra-node). Returns an expression; bind it once (``v = T.ld(...)``)."""
+    (through its peer mapping, or NVSHMEM's atomic fetch for a rank on another node, with the same
+    meaning). Returns an expression; bind it once (``v = T.ld(...)``)."""
     scope_c = _pick("ld", "scope", scope, _SCOPES)
     sem_c = _pick("ld", "sem", sem, _LD_SEMS)
     t, dt = _scalar("ld", "src", src, tuple(_CTYPES))
@@ -316,7 +323,8 @@ def ld(src, *, scope="gpu", sem="acquire", src_pe=None):
 def st(dst, value, *, scope="gpu", sem="release", dst_pe=None):
     """Store one 32- or 64-bit element with explicit semantics: ``sem`` "release" (earlier writes of this
     thread are visible to whoever acquires this value), "relaxed" or "volatile"; ``scope`` "cta", "gpu",
-    "sys". With ``dst_pe``, stores into rank `dst_pe`'s copy of symmetric `dst` (intra-node peer mapping).
+    "sys". With ``dst_pe``, stores into rank `dst_pe`'s copy of symmetric `dst` (peer mapping; for a rank on
+    another node NVSHMEM's atomic set, a release one after ``nvshmem_fence``, so earlier puts land first).
     The seed's ``T.st(signal[0], 1, scope="sys", sem="release", dst_pe=p)`` is the classic flag release."""
     scope_c = _pick("st", "scope", scope, _SCOPES)
     sem_c = _pick("st", "sem", sem, _ST_SEMS)
@@ -331,7 +339,8 @@ def st(dst, value, *, scope="gpu", sem="release", dst_pe=None):
 
 def atom_add(dst, value, *, scope="gpu", sem="relaxed", dst_pe=None):
     """Atomically add `value` to one int32/uint32/int64/uint64/float32 element, on this rank or (with
-    ``dst_pe``) on rank `dst_pe`'s copy of symmetric `dst`; returns the previous value.
+    ``dst_pe``) on rank `dst_pe`'s copy of symmetric `dst` (NVSHMEM's atomics for a rank on another node);
+    returns the previous value.
     ``sem``: relaxed, acquire, release, acq_rel; ``scope``: cta, gpu, sys."""
     scope_c = _pick("atom_add", "scope", scope, _SCOPES)
     sem_c = _pick("atom_add", "sem", sem, _ATOM_SEMS)
@@ -403,16 +412,35 @@ def sync_all(*, scope="block"):
         T.evaluate(T.call_extern("handle", _SYNC_SCOPES[scope]))
 
 
+def _global_buffer(op: str, buf) -> tirx.Buffer:
+    if not isinstance(buf, tirx.Buffer):
+        raise _err(op, f"buf: got {type(buf).__name__}, expected a buffer (a kernel parameter)")
+    if buf.scope() != "global":
+        raise _err(op, f"buf: buffer '{buf.name}' is in {buf.scope()}, expected a global (symmetric) buffer")
+    return buf
+
+
 def remote(buf, *, pe):
     """Rank `pe`'s copy of symmetric buffer `buf`, as a buffer of the same shape and dtype that tilelang's
-    own ops (``T.copy``, loads, stores) use directly: a peer pointer (NVLink / P2P, intra-node only; the
-    kernel stops with a message if `pe` has no load/store path). torch: ``tilescale.symm.peer_tensor``.
-    Reads through it are not ordered with the peer's writes: synchronise with signals first."""
-    if not isinstance(buf, tirx.Buffer):
-        raise _err("remote", f"buf: got {type(buf).__name__}, expected a buffer (a kernel parameter)")
-    if buf.scope() != "global":
-        raise _err("remote", f"buf: buffer '{buf.name}' is in {buf.scope()}, expected a global (symmetric) buffer")
+    own ops (``T.copy``, loads, stores) use directly: a peer pointer (NVLink / P2P, intra-node only).
+    torch: ``tilescale.symm.peer_tensor``. Reads through it are not ordered with the peer's writes:
+    synchronise with signals first. A rank on another node (``TILESCALE_NODE_SIZE`` included) has no
+    peer pointer: the kernel stops with "T.remote: PE <me> has no load/store path to PE <pe> ... move the
+    data with put/get". Test :func:`peer_reachable` first and move the data with ``get_*``/``put_*`` there."""
+    _global_buffer("remote", buf)
     p = _pe("remote", "pe", pe)
     ptr = T.call_extern("handle", "tilescale::peer_ptr", T.access_ptr(buf, "rw"), p)
     return T.make_tensor(ptr, tuple(buf.shape), str(buf.dtype))
 
+
+def peer_reachable(buf, *, pe) -> tirx.PrimExpr:
+    """True (a bool expression) when rank `pe`'s copy of symmetric `buf` has a load/store path from this
+    rank, i.e. when ``T.remote(buf, pe=pe)`` works: a rank of this node (``TILESCALE_NODE_SIZE`` sets the
+    nodes), NVLink / P2P mapped. Pick the path per peer at run time::
+
+        if T.peer_reachable(P, pe=s):
+            ... T.remote(P, pe=s) ...                 # direct loads over NVLink
+        else:
+            T.get_block(P[rows, cols], staging, src_pe=s)   # NVSHMEM get, then local loads"""
+    _global_buffer("peer_reachable", buf)
+    return T.call_extern("bool", "tilescale::peer_reachable", T.access_ptr(buf, "r"), _pe("peer_reachable", "pe", pe))

@@ -25,6 +25,10 @@ rank's own rows):
 
 The output lives in this op's symmetric buffer: ``a2a(x)`` returns it (overwritten by the next call);
 ``all_to_all_single(out, ...)`` copies it into `out`.
+
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): ``ready`` (step 1) is set with an NVSHMEM atomic after
+``nvshmem_fence``, the rows (step 3) go by NVSHMEM put, then an NVSHMEM signal add (``put_signal_block``).
 """
 
 import tilescale

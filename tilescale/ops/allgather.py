@@ -21,6 +21,10 @@ Signal protocol of call e:
    ``arrived[s][L] >= r * blocks_per_peer`` (acquire, system scope): the kernel ends when every shard
    of call e has arrived here.
 
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): step 1's copy is an NVSHMEM put to it, and its counter update an
+NVSHMEM signal add, ordered after the put by ``nvshmem_fence`` (``put_signal_block``).
+
 Why no handshake is needed (the calls of one op are made on one stream on every rank, as for NCCL):
 
 3. my slot s is written (by peers, and by my own j = 0 blocks) only in calls e, e + 2, e + 4, ...: call

@@ -8,15 +8,18 @@ torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
 How it overlaps: the GEMM kernel starts at once on this rank's own rows while the other shards are
 pulled over NVLink by the copy engines (no SM is taken from the GEMM); each GEMM tile waits only for the
 chunk of rows it needs. Rows are computed in the order they arrive: own shard, then rank+1, rank+2, ...
+A rank of another node (``TILESCALE_NODE_SIZE`` included, per :func:`tilescale.topology.current`) has
+no peer view: its chunks are pulled with NVSHMEM's on-stream get (``nvshmemx_getmem_on_stream``) instead.
 
 Signal protocol of one call (epoch e = 1, 2, ...; buffers double-buffered by e % 2):
 
 1. main stream: copy A_local into this rank's slot of ``A_full[e % 2]`` (symmetric);
 2. main stream: NVSHMEM barrier of all ranks (every slot of epoch e is written, and every rank is past
    the GEMM of epoch e - 1, which read the other buffer);
-3. copy streams (one per peer): for each chunk of each peer's shard, a copy-engine pull of the chunk
-   from the peer's ``A_full[e % 2]``, then a stream write ``arrived[peer, chunk] = e`` (ordered after
-   the copy on that stream);
+3. copy streams (one per peer): for each chunk of each peer's shard, a pull of the chunk from the
+   peer's ``A_full[e % 2]`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get from
+   another node), then a stream write ``arrived[peer, chunk] = e`` (ordered after the pull on that
+   stream);
 4. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= e``
    (acquire, system scope), then loads them with TMA;
 5. main stream joins the copy streams.
@@ -106,7 +109,7 @@ class AGGemm(Op):
                  profile: bool | None = None):
         import torch
 
-        from .. import symm
+        from .. import symm, topology
         from ..env import settings
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile) as agreed:
@@ -125,7 +128,10 @@ class AGGemm(Op):
         self.a_full = [self.symmetric((M, K), dtype) for _ in range(2)]
         self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=self.rt.device)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
-        self._peers = [[symm.peer_tensor(a, p) if p != self.rank else a for p in range(W)] for a in self.a_full]
+        # a peer of this node: a torch view of its buffer (copy-engine pulls); of another node: None (gets)
+        topo = topology.current()
+        self._peers = [[symm.peer_tensor(a, p) if topo.same_node(p, self.rank) and p != self.rank else None
+                        for p in range(W)] for a in self.a_full]
         self.kernel, _ = self.build(fn, self.args)
         self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
         self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
@@ -179,7 +185,13 @@ class AGGemm(Op):
                 lo = src * self.rows
                 for ch in range(self.chunks):
                     rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                    a_full[rows].copy_(self._peers[p][src][rows], non_blocking=True)
+                    peer = self._peers[p][src]
+                    if peer is not None:
+                        a_full[rows].copy_(peer[rows], non_blocking=True)
+                    else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
+                        chunk = a_full[rows]
+                        shim.ts_getmem_on_stream(ctypes.c_void_p(chunk.data_ptr()), ctypes.c_void_p(chunk.data_ptr()),
+                                                 chunk.nbytes, src, ctypes.c_void_p(s.cuda_stream))
                     shim.ts_stream_write_u64(ctypes.c_void_p(s.cuda_stream),
                                              ctypes.c_void_p(self.arrived[src * self.chunks + ch:].data_ptr()), e)
                     if rec is not None:

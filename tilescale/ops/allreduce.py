@@ -35,6 +35,11 @@ call e (step 5).
 x and out may be the same tensor (in place): one-shot block b overwrites only the chunk it has already
 sent; two-shot block b overwrites chunk b of ``x[s]`` only after s has summed it (step 5), which needed
 this block's push of it.
+
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): its pushes (one-shot step 1, two-shot step 1) are
+NVSHMEM puts followed by a signal set (``put_signal_block``), the flag of step 4 an NVSHMEM atomic set after
+``nvshmem_fence``, the copy of step 5 an NVSHMEM get (``get_block``).
 """
 
 import tilescale

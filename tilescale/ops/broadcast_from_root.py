@@ -25,6 +25,11 @@ e_old = max(e - 2, 0) from it):
 Each rank sends or receives the whole message once; the root's NVLink carries W - 1 copies of it
 (a flat broadcast: on NVSwitch systems every receiver reads at full speed, but the root's links are
 shared by the W - 1 readers).
+
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): ``ready`` and ``done`` are set with NVSHMEM atomics after
+``nvshmem_fence``, and a receiver's copy (step 2) is an NVSHMEM get from the root's ``stage[par]``
+(``get_block``).
 """
 
 import tilescale

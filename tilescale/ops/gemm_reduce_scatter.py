@@ -8,8 +8,10 @@ torch equivalent (X_local: (M, K/W), W_local: (K/W, N) on each rank)::
 
 How it overlaps: each rank's GEMM computes the row chunks in the order their owners need them
 (rank+1's rows first, its own last) and counts finished tiles per row block; a reduction kernel on a
-side stream, on a few SMs, pulls each finished row block of every rank over NVLink as soon as its
-count is complete and sums it in fp32, while the GEMM goes on.
+side stream, on a few SMs, pulls each finished row block of every rank as soon as its count is complete
+and sums it in fp32, while the GEMM goes on. A rank of this node is read over NVLink (loads through its
+peer mapping); a rank of another node (``TILESCALE_NODE_SIZE`` included) with NVSHMEM: its count polled
+with atomic fetches, its rows fetched with a get into a symmetric staging tile, summed from there.
 
 Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e % 2):
 
@@ -17,8 +19,9 @@ Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e 
    1 to ``done[rb]`` (release, system scope); a row block is complete at ``e * threads * tiles_n``;
 2. reduction (side stream), for each row block of this rank's chunk, for each rank s in the order the
    blocks complete (rank-1, rank-2, ..., rank): wait until s's ``done[rb]`` is complete (acquire,
-   system scope, polled through the peer mapping), add s's partial rows into fp32 accumulators;
-   then store the sum into C_local;
+   system scope; polled through the peer mapping, or with NVSHMEM atomic fetches for another node),
+   add s's partial rows into fp32 accumulators (loaded through the mapping, or first fetched with
+   ``get_block`` into this block's ``staging`` tile); then store the sum into C_local;
 3. the main stream joins the side stream. The next-but-one call may overwrite ``P[e % 2]``: by then
    every peer has finished reducing epoch e (its call e + 1 started after, and we waited for it).
 """
@@ -66,7 +69,8 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
 
     @T.prim_func
     def gemm_rs_reduce(P: T.Tensor((M, N), dtype), done: T.Tensor((M // block_m,), "uint64"),
-                       C: T.Tensor((rows, N), dtype), epoch: T.uint64):
+                       C: T.Tensor((rows, N), dtype), staging: T.Tensor((blocks, block_m, col_tile), dtype),
+                       epoch: T.uint64):
         with T.Kernel(blocks, threads=threads) as bid:
             acc = T.alloc_fragment((block_m, col_tile), "float32")
             me = T.get_rank()
@@ -83,9 +87,15 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
                         if tx == 0:
                             T.wait_until(done[rb], cmp="ge", value=epoch * per_block, src_pe=s)
                         T.sync_threads()
-                        Ps = T.remote(P, pe=s)
-                        for i, k in T.Parallel(block_m, col_tile):
-                            acc[i, k] += Ps[rb * block_m + i, c0 + k]
+                        if T.peer_reachable(P, pe=s):          # this node: loads through the mapping
+                            Ps = T.remote(P, pe=s)
+                            for i, k in T.Parallel(block_m, col_tile):
+                                acc[i, k] += Ps[rb * block_m + i, c0 + k]
+                        else:                                  # another node: an NVSHMEM get, then local loads
+                            T.get_block(P[rb * block_m:(rb + 1) * block_m, c0:c0 + col_tile], staging[bid, :, :],
+                                        src_pe=s)
+                            for i, k in T.Parallel(block_m, col_tile):
+                                acc[i, k] += staging[bid, i, k]
                     T.copy(acc, C[t * block_m, c0])
 
     return gemm_rs_reduce
@@ -129,6 +139,10 @@ class GemmRS(Op):
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
         self.P = [self.symmetric((M, N), dtype) for _ in range(2)]
         self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
+        # where a peer's partial rows land before they are summed, for peers on other nodes (an NVSHMEM get's
+        # local buffer must be symmetric, i.e. registered, to cross a network)
+        blocks, col_tile = self.reduce_args[4], self.reduce_args[7]
+        self.staging = self.symmetric((blocks, self.block_m, col_tile), dtype)
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
@@ -159,7 +173,7 @@ class GemmRS(Op):
                                                     device=x.device)
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
-            self.reduce.launch(P, self.done, c, self.epoch)
+            self.reduce.launch(P, self.done, c, self.staging, self.epoch)
         self.gemm.launch(x, w, P, self.done)
         main.wait_stream(self.stream)
         c.record_stream(self.stream)

@@ -23,6 +23,10 @@ after its call e + 1 ended, which waited (step 2) for this rank's chunks of call
 sends only after its call e (and its reads of ``recv[par]``) ended. No handshake is needed.
 (Measured on 2 x H200: splitting the blocks into pushers and reducers pipelined over sub-chunks was no
 faster than this, and slower for the two-shot AllReduce built on it.)
+
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): step 1 is an NVSHMEM put, then an NVSHMEM signal set ordered
+after it (``put_signal_block``).
 """
 
 import tilescale

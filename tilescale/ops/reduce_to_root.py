@@ -22,6 +22,11 @@ the same in every block of the call and new on every replay of a CUDA graph):
 
 The root's NVLink carries W - 1 messages in, the others' one out; x and out may be the same tensor (in
 place): the root's block b overwrites only its own chunk, after reading it.
+
+A rank of another node (``TILESCALE_NODE_SIZE`` included) has no NVLink mapping; the ops pick their path per peer at
+run time (:mod:`tilescale.language.distributed`): step 1 is an NVSHMEM put, then an NVSHMEM signal set
+ordered after it (``put_signal_block``); the root's ``done`` updates (step 2) are NVSHMEM atomic sets after
+``nvshmem_fence``.
 """
 import tilescale
 import tilescale.language as T

@@ -13,6 +13,12 @@
 #ifndef TILESCALE_WAIT_TIMEOUT_NS
 #define TILESCALE_WAIT_TIMEOUT_NS 0ull
 #endif
+// Ranks per node (tilescale.topology; backend.py passes TILESCALE_NODE_SIZE): K > 0 groups the PEs in nodes of K
+// consecutive PEs, and a PE of another node is reached only through NVSHMEM's API, even where NVSHMEM maps it
+// (one host standing in for several nodes; K = 1: every peer but this PE). 0: NVSHMEM's mappings decide.
+#ifndef TILESCALE_NODE_SIZE
+#define TILESCALE_NODE_SIZE 0
+#endif
 
 namespace tilescale {
 
@@ -53,14 +59,27 @@ __device__ __forceinline__ void group_rank_size(int& r, int& n) {
 }
 
 // -------------------------------------------------------------------------------- peer pointers
-// Address of `p` (symmetric) in PE `pe`'s memory, mapped into this GPU (NVLink / PCIe P2P), or null.
-__device__ __forceinline__ void* peer_ptr_or_null(const void* p, int pe) { return nvshmem_ptr(p, pe); }
+// Whether PE `pe` is on this PE's node (always, without TILESCALE_NODE_SIZE).
+__device__ __forceinline__ bool same_node(int pe) {
+  if constexpr (TILESCALE_NODE_SIZE > 0) return pe / TILESCALE_NODE_SIZE == nvshmem_my_pe() / TILESCALE_NODE_SIZE;
+  else return true;
+}
+// Address of `p` (symmetric) in PE `pe`'s memory, mapped into this GPU (NVLink / PCIe P2P), or null: a PE
+// of another node (or one NVSHMEM has no mapping to). Every op that has a load/store path asks this first
+// and takes its NVSHMEM API path on null.
+__device__ __forceinline__ void* peer_ptr_or_null(const void* p, int pe) {
+  return same_node(pe) ? nvshmem_ptr(p, pe) : nullptr;
+}
+__device__ __forceinline__ bool peer_reachable(const void* p, int pe) { return peer_ptr_or_null(p, pe) != nullptr; }
+// peer_ptr_or_null, for the callers that have no other path (T.remote views): stops the kernel on null.
 template <typename T>
 __device__ __forceinline__ T* peer_ptr(T* p, int pe) {
-  void* q = nvshmem_ptr(reinterpret_cast<const void*>(p), pe);
+  void* q = peer_ptr_or_null(reinterpret_cast<const void*>(p), pe);
   if (q == nullptr) {
-    printf("tilescale: no load/store path to PE %d for address %p (not symmetric, or the peer is not on this "
-           "node): use put/get instead of a peer view\n", pe, (const void*)p);
+    printf("tilescale: T.remote: PE %d has no load/store path to PE %d (another node%s, or %p is not "
+           "symmetric): move the data with put/get (T.get_block, T.put_block ...), or test T.peer_reachable "
+           "first\n", nvshmem_my_pe(), pe, TILESCALE_NODE_SIZE > 0 ? " under TILESCALE_NODE_SIZE" : "",
+           (const void*)p);
     __trap();
   }
   return reinterpret_cast<T*>(q);
@@ -158,10 +177,13 @@ __device__ __forceinline__ void get(const void* src, void* dst, long rows, long 
       for (long r = 0; r < rows; ++r) copy_bytes<G>(peer + r * src_ld, d + r * dst_ld, row_bytes);
     }
     if constexpr (G != kThread) group_sync<G>();
-  } else if (flat) {
-    nvshmem_get_bytes<G, NBI>(s, d, (size_t)rows * row_bytes, pe);
   } else {
-    for (long r = 0; r < rows; ++r) nvshmem_get_bytes<G, NBI>(s + r * src_ld, d + r * dst_ld, row_bytes, pe);
+    if (flat) {
+      nvshmem_get_bytes<G, NBI>(s, d, (size_t)rows * row_bytes, pe);
+    } else {
+      for (long r = 0; r < rows; ++r) nvshmem_get_bytes<G, NBI>(s + r * src_ld, d + r * dst_ld, row_bytes, pe);
+    }
+    if constexpr (G != kThread && !NBI) group_sync<G>();   // the whole tile is in `dst` for every thread
   }
 }
 
@@ -255,8 +277,6 @@ __device__ __forceinline__ T ld(const void* p) {
   }
   return from_bits<T>(b);
 }
-template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T ld_pe(const void* p, int pe) { return ld<SEM, SCOPE, T>(peer_ptr(p, pe)); }
 
 template <int SEM, int SCOPE, typename T>
 __device__ __forceinline__ void st(T v, void* p) {
@@ -272,8 +292,6 @@ __device__ __forceinline__ void st(T v, void* p) {
     else { if (SCOPE == kCta) st64_relaxed_cta(p, b); else if (SCOPE == kGpu) st64_relaxed_gpu(p, b); else st64_relaxed_sys(p, b); }
   }
 }
-template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ void st_pe(T v, void* p, int pe) { st<SEM, SCOPE, T>(v, peer_ptr(p, pe)); }
 
 // ------------------------------------------------------------------------------------ atomics
 #define TS_ATOM_SEM_SCOPE(SEM, SCOPE, BODY)                                                                   \
@@ -325,11 +343,82 @@ __device__ __forceinline__ T atom_cas(T compare, T v, void* p) {
   return from_bits<T>(o);
 }
 #undef TS_ATOM_SEM_SCOPE
+
+// ---------------------------------------------------------------- scalar ops on a peer's memory
+// Through the peer mapping when there is one (ld/st/atom on the mapped address, the semantics as asked);
+// else with NVSHMEM's atomics (AMOs), on the 32/64-bit pattern of the value. Release: earlier writes of this
+// thread, and its puts to `pe` (nvshmem_fence), are ordered before the AMO; acquire: the AMO before later
+// reads (a system-scope fence after it). Floats add by compare-and-swap (NVSHMEM has no float fetch-add on
+// every transport).
+template <typename T>
+using bits_t = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+__device__ __forceinline__ uint32_t amo_fetch(uint32_t* p, int pe) { return nvshmem_uint32_atomic_fetch(p, pe); }
+__device__ __forceinline__ uint64_t amo_fetch(uint64_t* p, int pe) { return nvshmem_uint64_atomic_fetch(p, pe); }
+__device__ __forceinline__ void amo_set(uint32_t* p, uint32_t v, int pe) { nvshmem_uint32_atomic_set(p, v, pe); }
+__device__ __forceinline__ void amo_set(uint64_t* p, uint64_t v, int pe) { nvshmem_uint64_atomic_set(p, v, pe); }
+__device__ __forceinline__ uint32_t amo_fetch_add(uint32_t* p, uint32_t v, int pe) {
+  return nvshmem_uint32_atomic_fetch_add(p, v, pe);
+}
+__device__ __forceinline__ uint64_t amo_fetch_add(uint64_t* p, uint64_t v, int pe) {
+  return nvshmem_uint64_atomic_fetch_add(p, v, pe);
+}
+__device__ __forceinline__ uint32_t amo_cas(uint32_t* p, uint32_t c, uint32_t v, int pe) {
+  return nvshmem_uint32_atomic_compare_swap(p, c, v, pe);
+}
+__device__ __forceinline__ uint64_t amo_cas(uint64_t* p, uint64_t c, uint64_t v, int pe) {
+  return nvshmem_uint64_atomic_compare_swap(p, c, v, pe);
+}
+template <int SEM>
+__device__ __forceinline__ void amo_release() {
+  if constexpr (SEM == kRelease || SEM == kAcqRel) {
+    __threadfence_system();
+    nvshmem_fence();
+  }
+}
+template <int SEM>
+__device__ __forceinline__ void amo_acquire() {
+  if constexpr (SEM == kAcquire || SEM == kAcqRel) __threadfence_system();
+}
+template <typename T>
+__device__ __forceinline__ bits_t<T>* as_bits(const void* p) {
+  return reinterpret_cast<bits_t<T>*>(const_cast<void*>(p));
+}
+
 template <int SEM, int SCOPE, typename T>
-__device__ __forceinline__ T atom_add_pe(T v, void* p, int pe) { return atom_add<SEM, SCOPE, T>(v, peer_ptr(p, pe)); }
+__device__ __forceinline__ T ld_pe(const void* p, int pe) {
+  if (void* q = peer_ptr_or_null(p, pe)) return ld<SEM, SCOPE, T>(q);
+  const T v = from_bits<T>(amo_fetch(as_bits<T>(p), pe));
+  amo_acquire<SEM>();
+  return v;
+}
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ void st_pe(T v, void* p, int pe) {
+  if (void* q = peer_ptr_or_null(p, pe)) return st<SEM, SCOPE, T>(v, q);
+  amo_release<SEM>();
+  amo_set(as_bits<T>(p), (bits_t<T>)to_bits(v), pe);
+}
+template <int SEM, int SCOPE, typename T>
+__device__ __forceinline__ T atom_add_pe(T v, void* p, int pe) {
+  if (void* q = peer_ptr_or_null(p, pe)) return atom_add<SEM, SCOPE, T>(v, q);
+  amo_release<SEM>();
+  T old;
+  if constexpr (std::is_same<T, float>::value) {
+    uint32_t seen = amo_fetch(as_bits<T>(p), pe), prev;
+    while ((prev = amo_cas(as_bits<T>(p), seen, (uint32_t)to_bits(from_bits<T>(seen) + v), pe)) != seen) seen = prev;
+    old = from_bits<T>(seen);
+  } else {
+    old = from_bits<T>(amo_fetch_add(as_bits<T>(p), (bits_t<T>)to_bits(v), pe));  // two's complement: signed too
+  }
+  amo_acquire<SEM>();
+  return old;
+}
 template <int SEM, int SCOPE, typename T>
 __device__ __forceinline__ T atom_cas_pe(T c, T v, void* p, int pe) {
-  return atom_cas<SEM, SCOPE, T>(c, v, peer_ptr(p, pe));
+  if (void* q = peer_ptr_or_null(p, pe)) return atom_cas<SEM, SCOPE, T>(c, v, q);
+  amo_release<SEM>();
+  const T old = from_bits<T>(amo_cas(as_bits<T>(p), (bits_t<T>)to_bits(c), (bits_t<T>)to_bits(v), pe));
+  amo_acquire<SEM>();
+  return old;
 }
 
 // ------------------------------------------------------------------------------------------ waits
@@ -385,11 +474,11 @@ __device__ __forceinline__ void wait_timed_out(const void* addr, int cmp, int bi
   __trap();
 }
 
-// Spins until `*addr cmp value` holds (acquire, system scope), then returns the value it saw.
+// Spins until `load() cmp value` holds, then returns the value it saw (`addr`: what a time-out reports).
 // With TILESCALE_WAIT_TIMEOUT_NS > 0 (debug mode) it gives up after that long and stops the kernel.
-template <typename T>
-__device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int site) {
-  T v = ld<kAcquire, kSys, T>(addr);
+template <typename T, typename Load>
+__device__ __forceinline__ T wait_until_loaded(const Load& load, const void* addr, int cmp, T value, int site) {
+  T v = load();
   if (!cmp_holds(v, cmp, value)) {
 #if TILESCALE_WAIT_TIMEOUT_NS > 0
     const uint64_t t0 = globaltimer();
@@ -400,7 +489,7 @@ __device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int 
       if (dt > (uint64_t)(TILESCALE_WAIT_TIMEOUT_NS))
         wait_timed_out(addr, cmp, (int)sizeof(T) * 8, to_bits(value), to_bits(v), dt, site);
 #endif
-      v = ld<kAcquire, kSys, T>(addr);
+      v = load();
     } while (!cmp_holds(v, cmp, value));
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -409,9 +498,35 @@ __device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int 
   return v;
 }
 
+// The loads of the waits (functors, not lambdas: always inlined; a call in a kernel costs wgmma its pipeline).
+template <typename T>
+struct LoadAcquire {  // a local or mapped word, acquire at system scope
+  const void* addr;
+  __device__ __forceinline__ T operator()() const { return ld<kAcquire, kSys, T>(addr); }
+};
+template <typename T>
+struct FetchAcquire {  // PE `pe`'s word, NVSHMEM's atomic fetch, then a system-scope fence
+  const void* addr;
+  int pe;
+  __device__ __forceinline__ T operator()() const {
+    const T v = from_bits<T>(amo_fetch(as_bits<T>(addr), pe));
+    __threadfence_system();
+    return v;
+  }
+};
+
+// Spins until `*addr cmp value` holds (acquire, system scope), then returns the value it saw.
+template <typename T>
+__device__ __forceinline__ T wait_until(const void* addr, int cmp, T value, int site) {
+  return wait_until_loaded<T>(LoadAcquire<T>{addr}, addr, cmp, value, site);
+}
+
+// wait_until on PE `pe`'s copy of symmetric `addr`: through the peer mapping, else polled with NVSHMEM's
+// atomic fetch. A time-out reports this PE's address of the word.
 template <typename T>
 __device__ __forceinline__ T wait_until_pe(const void* addr, int pe, int cmp, T value, int site) {
-  return wait_until<T>(peer_ptr(addr, pe), cmp, value, site);
+  if (const void* q = peer_ptr_or_null(addr, pe)) return wait_until<T>(q, cmp, value, site);
+  return wait_until_loaded<T>(FetchAcquire<T>{addr, pe}, addr, cmp, value, site);
 }
 
 // ---------------------------------------------------------------------------------------- barriers
