@@ -27,6 +27,7 @@ import tilescale
 import tilescale.language as T
 
 from . import checks, op_cache, registry, vectors
+from . import reduce_scatter_hierarchical as hier
 from .base import Op
 from .vectors import PASS_CONFIGS, SIGNAL
 
@@ -204,6 +205,8 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("reduce_scatter", torch_name="reduce_scatter_tensor", aliases=("reducescatter",),
-                                 algos={"direct": registry.Algorithm(run_direct)}, tensors=("output", "input"),
+                                 algos={"direct": registry.Algorithm(run_direct, nodes="any"),
+                                        "hierarchical": registry.Algorithm(hier.run_hierarchical, nodes="several")},
+                                 tensors=("output", "input"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=False,
                                  module=__name__)
