@@ -187,3 +187,14 @@ def test_multinode_gemm_variant_choice(monkeypatch):
     with pytest.raises(OpArgumentError, match=r"variant: got 'ring', expected one of 'auto', 'flat', 'hierarchical'"):
         gemm_multinode._operands("ag_gemm_multinode", "a_local", a, "b", torch.zeros(8, 2, dtype=torch.bfloat16),
                                  "ring")
+
+
+def test_block_counts_are_the_flat_ops():
+    """The hierarchical ops size their grids as AllGather and ReduceScatter do (kept apart: no import cycle)."""
+    from tilescale.ops import allgather, reduce_scatter
+
+    assert rsh.BLOCKS == reduce_scatter.BLOCKS
+    for W in (2, 4, 8, 16, 64, 256):
+        for k in range(0, 34):
+            assert agh.blocks_per_peer(1 << k, W) == allgather.default_blocks_per_peer(1 << k, W), (k, W)
+            assert agh.blocks_per_peer((1 << k) + 3, W) == allgather.default_blocks_per_peer((1 << k) + 3, W)

@@ -57,6 +57,9 @@ from .vectors import PASS_CONFIGS, SIGNAL
 __all__ = ["ReduceScatterHierarchical"]
 
 FP32 = "float32"
+# ReduceScatter's table (tilescale.ops.reduce_scatter.BLOCKS, which tests check this against; not imported:
+# reduce_scatter.py registers this module): (max bytes of the full input, blocks)
+BLOCKS = ((1 << 20, 16), (16 << 20, 64), (1 << 62, 128))
 
 
 @T.macro
@@ -145,9 +148,7 @@ def reduce_scatter_hierarchical_kernel(world_size: int, node_size: int, blocks: 
 
 def kernels(nbytes: int, world_size: int, node_size: int, dtype: str, sms: int, threads: int = 512) -> list:
     """[(jit function, args)] of the kernel :class:`ReduceScatterHierarchical` builds for a full input of
-    `nbytes` on nodes of `node_size` ranks (ReduceScatter's block table)."""
-    from .reduce_scatter import BLOCKS
-
+    `nbytes` on nodes of `node_size` ranks."""
     return [(reduce_scatter_hierarchical_kernel,
              (world_size, node_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads))]
 
