@@ -56,7 +56,8 @@ As for AllGather, programmatic dependent launch keeps 7 and 8 (a kernel starts o
 before has exited). ``ag(x)`` returns the slot this call wrote (valid for work enqueued before the next call);
 ``ag(x, out=t)`` copies it into `t`. On one node (n = 1) there is nothing to be hierarchical about: the
 constructor refuses (use :class:`~tilescale.ops.allgather.AllGather`); the plan algorithm declines
-(:class:`~tilescale.ops.registry.PlanUnsupportedError`), so a call goes to the flat one or to NCCL.
+(:class:`~tilescale.ops.registry.PlanUnsupportedError`, the same on every rank), and tilescale.distributed then
+passes the call to torch.distributed. The selector offers it only on several nodes (:mod:`tilescale.plan.builtin`).
 """
 import math
 
