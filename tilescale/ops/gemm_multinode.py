@@ -6,11 +6,14 @@ torch equivalents (a_local: (M/W, K), b: (K, N); x: (M, K), w: (K, N), M divisib
     y = reduce_scatter(x @ w)                         # gemm_rs_multinode(x, w): rows (M/W, N) of this rank
 
 ``variant``: "flat" is :func:`~tilescale.ops.ag_gemm` / :func:`~tilescale.ops.gemm_rs` (their overlapped
-kernels); "hierarchical" is :class:`~tilescale.ops.allgather_hierarchical.AllGatherHierarchical` then
+kernels, one node); "hierarchical" is :class:`~tilescale.ops.allgather_hierarchical.AllGatherHierarchical` then
 ``torch.matmul``, and ``torch.matmul`` then
-:class:`~tilescale.ops.reduce_scatter_hierarchical.ReduceScatterHierarchical`; "auto" (default) asks the plan
-selector's rule (:func:`tilescale.plan.multinode.variant`, the cost model of docs/multinode.md) with the
-gathered A, or the whole product, as the message.
+:class:`~tilescale.ops.reduce_scatter_hierarchical.ReduceScatterHierarchical`; "auto" (default) goes by the
+topology: "flat" on one node, "hierarchical" on several. The cost model (docs/multinode.md) would keep tiny
+messages flat across nodes too, but the flat fused kernels reach their peers through load/store mappings
+(AGGemm's copy engines pull through ``symm.peer_tensor``, GemmRS reads ``T.remote`` views), which do not exist
+across nodes: "flat" on several nodes works only while every peer is mapped (emulated nodes before the remote
+path refuses mappings across them).
 
 What the hierarchical variants lack: overlap. The GEMM starts only when the whole gather has ended (and the
 reduce-scatter only when the whole GEMM has), so the communication is exposed in full, where the model's
@@ -40,14 +43,11 @@ def _operands(op: str, a_name: str, a, b_name: str, b, variant, W=None) -> None:
         checks.fail(op, a_name, f"{a.shape[0]} rows", f"a multiple of the world size {W} (equal row slices)")
 
 
-def pick(variant: str, collective: str, msg_bytes: int) -> str:
-    """"flat" or "hierarchical": `variant` itself, or for "auto" the selector's rule for this topology."""
+def pick(variant: str) -> str:
+    """"flat" or "hierarchical": `variant` itself, or for "auto" by the topology (see the module docstring)."""
     if variant != "auto":
         return variant
-    from ..plan import multinode
-
-    topo = topology.current()
-    return multinode.variant(collective, msg_bytes, topo.world_size, topo.node_size)
+    return "hierarchical" if topology.current().nodes > 1 else "flat"
 
 
 def ag_gemm_multinode(a_local, b, *, variant: str = "auto"):
@@ -55,7 +55,7 @@ def ag_gemm_multinode(a_local, b, *, variant: str = "auto"):
     _ag_check((checks.signature(a_local), checks.signature(b), variant), _operands, "ag_gemm_multinode", "a_local",
               a_local, "b", b, variant)
     topo = topology.current()
-    if pick(variant, "ag_gemm", a_local.numel() * a_local.element_size() * topo.world_size) == "flat":
+    if pick(variant) == "flat":
         from .allgather_gemm import ag_gemm
 
         return ag_gemm(a_local, b)
@@ -69,7 +69,7 @@ def gemm_rs_multinode(x, w, *, variant: str = "auto"):
     _rs_check((checks.signature(x), checks.signature(w), variant), _operands, "gemm_rs_multinode", "x", x, "w", w,
               variant, topo.world_size)
     M, N = x.shape[0], w.shape[1]
-    if pick(variant, "gemm_rs", M * N * x.element_size()) == "flat":
+    if pick(variant) == "flat":
         from .gemm_reduce_scatter import gemm_rs
 
         return gemm_rs(x, w)
