@@ -32,11 +32,23 @@ from timing import environment, fmt_bytes, print_table, time_op, write_json  # n
 import tilescale  # noqa: E402
 
 
-def cases() -> list[tuple[str, object, str]]:
-    """(case name, registry entry, algorithm) of every algorithm of every registered collective."""
+def cases(nodes: int = 1) -> list[tuple[str, object, str]]:
+    """(case name, registry entry, algorithm) of every algorithm of every registered collective that runs on
+    `nodes` nodes (the hierarchical ones, ``Algorithm.nodes == "several"``, on several only)."""
     from tilescale.ops import registry
 
-    return [(c.name if len(c.algos) == 1 else f"{c.name}_{a}", c, a) for c in registry.collectives() for a in c.algos]
+    out = []
+    for c in registry.collectives():
+        algos = [a for a, alg in c.algos.items() if nodes > 1 or alg.nodes != "several"]
+        out += [(c.name if len(algos) == 1 else f"{c.name}_{a}", c, a) for a in algos]
+    return out
+
+
+def bench_case(c, algo: str):
+    """The benchmark case of `algo` of `c`: the registry entry's, or for an algorithm defined in a file of its own
+    (a hierarchical variant) that file's ``bench``."""
+    mod = sys.modules[c.algos[algo].run.__module__]
+    return getattr(mod, "bench", c.bench) if mod.__name__ != c.module else c.bench
 
 
 def check(name: str, c, out, reference, nbytes: int, W: int, rank: int) -> None:
@@ -59,7 +71,10 @@ def run(info, args):
     from tilescale.plan import tuning
 
     W, rank = info.world_size, info.rank
-    chosen = cases() if args.ops is None else [k for k in cases() if k[0] in args.ops.split(",")]
+    from tilescale import topology
+
+    every = cases(topology.current().nodes)
+    chosen = every if args.ops is None else [k for k in every if k[0] in args.ops.split(",")]
     sizes = [1 << k for k in range(10, 29, args.step) if (1 << k) <= args.max_bytes]
     prebuild.on_local_rank0(prebuild.collective_jobs(W, sizes, ("bfloat16",), sm_count(),
                                                      ops=sorted({c.name for _, c, _ in chosen})))
@@ -70,7 +85,7 @@ def run(info, args):
             g = torch.Generator(device="cuda").manual_seed(1234 + rank)
             x = torch.randn(nbytes // 2, device="cuda", generator=g).to(torch.bfloat16)
             try:
-                op, ours, out, torch_args = c.bench(algo, x, W)
+                op, ours, out, torch_args = bench_case(c, algo)(algo, x, W)
             except SymmetricHeapExhaustedError:   # raised on every rank alike
                 if rank == 0:
                     print(f"{name} {fmt_bytes(nbytes)}: skipped (its symmetric buffers do not fit the heap)")

@@ -72,6 +72,12 @@ def collectives():
     return [(fn, args) for fn, args, _ in SM90_CASES.values()]
 
 
+def hierarchical():
+    from test_hierarchical_cpu import CASES
+
+    return [(fn, args) for fn, args, _ in CASES.values()]
+
+
 def gemm_config():
     from test_gemm_config import build_jobs
 
@@ -139,6 +145,7 @@ GROUPS = (
                                                "test_generated_source_of_distributed_kernel")], codegen_every_op),
     (["tests/test_codegen.py::test_plain_kernel_after_distributed_one_is_untouched"], codegen_ring_compile),
     (["tests/test_collectives_cpu.py::test_kernel_builds_for_sm90"], collectives),
+    (["tests/test_hierarchical_cpu.py::test_kernel_builds_for_sm90"], hierarchical),
     ([f"tests/test_gemm_config.py::{t}" for t in ("test_non_default_configs_build_in_the_fused_kernels",
                                                    "test_sweep_kernel_builds_with_the_stores_epilogue")], gemm_config),
     (["tests/test_profiler.py::test_timer_kernel_compiles_with_nvcc"], profiler_timer),

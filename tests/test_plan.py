@@ -571,8 +571,11 @@ def test_catalog_serves_prefer_tilescale_only(plan_dir, monkeypatch):
     from tilescale.ops.allreduce import ONE_SHOT_MAX_BYTES
 
     cat = builtin.catalog(2, 2)
-    assert sorted(p.name for p in cat) == sorted(builtin.ALGOS)
-    assert builtin.catalog(4, 2) == []                                  # several nodes: none
+    assert sorted(p.name for p in cat) == sorted(n for n in builtin.ALGOS if not n.endswith(".hierarchical"))
+    several = builtin.catalog(4, 2)                                     # several nodes: flat and hierarchical
+    assert sorted(p.name for p in several) == ["tilescale.allgather.hierarchical", "tilescale.allgather.push",
+                                               "tilescale.reduce_scatter.direct",
+                                               "tilescale.reduce_scatter.hierarchical"]
     assert builtin.catalog(2, 2, "broadcast") == [p for p in cat if p.collective == "broadcast"]
     for p in cat:
         assert dict(p.constraints)["dtypes"] == ("bfloat16", "float16", "float32")

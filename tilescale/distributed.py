@@ -46,7 +46,7 @@ import threading
 import torch
 import torch.distributed as _td
 
-from . import staged_collectives
+from . import staged_collectives, topology
 from .errors import GraphCaptureError, SymmetricHeapExhaustedError
 from .ops.registry import collectives
 from .plan import Plan, PlanUnsupportedError
@@ -145,14 +145,14 @@ def _enable(hints: dict, shared: bool = False) -> None:
         if rt.info.world_size != world:
             raise RuntimeError(f"the tilescale runtime has world size {rt.info.world_size}, torch.distributed {world}")
         _S.ctrl, _S.own_ctrl = rt.ctrl_group, False
-        _S.nranks_per_node = rt.info.local_world_size
+        _S.nranks_per_node = topology.current().node_size     # emulated nodes (TILESCALE_NODE_SIZE) count
         builtin.register_tuned(torch.cuda.get_device_name(rt.info.device), world, _S.nranks_per_node)
     else:
         log.warning("use_tilescale=True without CUDA and an NCCL backend (backend %s): the "
                     "tilescale runtime is not started; registered plans still run, built-in plans cannot",
                     _td.get_backend())
         _S.ctrl, _S.own_ctrl = _td.new_group(backend="gloo"), True
-        _S.nranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        _S.nranks_per_node = topology.of(world, int(os.environ.get("LOCAL_WORLD_SIZE", world))).node_size
     _S.hints = hints
     _S.enabled = True
     _selector.forget()

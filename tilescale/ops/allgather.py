@@ -65,6 +65,7 @@ import tilescale
 import tilescale.language as T
 
 from ..profiler import session as profiling
+from . import allgather_hierarchical as hier
 from . import checks, op_cache, registry
 from .base import Op
 from .vectors import COUNTER, SIGNAL
@@ -310,7 +311,8 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("allgather", torch_name="all_gather_into_tensor", aliases=("all_gather",),
-                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
+                                 algos={"push": registry.Algorithm(run_push, nodes="any", graph_safe=True),
+                                        "hierarchical": registry.Algorithm(hier.run_hierarchical, nodes="several")},
                                  tensors=("output_tensor", "input_tensor"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

@@ -33,6 +33,7 @@ import tilescale
 import tilescale.language as T
 
 from . import checks, op_cache, registry, vectors
+from . import reduce_scatter_hierarchical as hier
 from .base import Op
 from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
@@ -213,7 +214,9 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("reduce_scatter", torch_name="reduce_scatter_tensor", aliases=("reducescatter",),
-                                 algos={"direct": registry.Algorithm(run_direct, graph_safe=True)},
+                                 algos={"direct": registry.Algorithm(run_direct, nodes="any", graph_safe=True),
+                                        "hierarchical": registry.Algorithm(hier.run_hierarchical, nodes="several",
+                                                                           graph_safe=True)},
                                  tensors=("output", "input"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=False,
                                  module=__name__)

@@ -26,6 +26,7 @@ from ..errors import TileScaleError
 
 MAX_MSG_SIZE = (1 << 63) - 1   # "no upper bound"
 _NOT_SCANNED = ("torch_ops", "async_tp")  # imported on first use (torch_ops registers torch.ops.tilescale.*)
+NODES = ("one", "any", "several")   # Algorithm.nodes
 
 
 class PlanUnsupportedError(TileScaleError, NotImplementedError):
@@ -37,13 +38,22 @@ class PlanUnsupportedError(TileScaleError, NotImplementedError):
 class Algorithm:
     """One way to run a collective: `run` has the collective's torch-like signature (what a plan calls,
     e.g. ``(tensor, op="sum")`` for an allreduce) and copies through the op's own buffers; `ranges` are
-    the message sizes (bytes, inclusive) it serves by default (``hints={"prefer": "tilescale"}``);
-    `graph_safe`: its ops count calls on the device (``Op.GRAPH_SAFE``), so a call may be captured in a CUDA
-    graph (else tilescale.distributed sends captured calls to NCCL)."""
+    the message sizes (bytes, inclusive) it serves by default (``hints={"prefer": "tilescale"}``) on one node.
+    `nodes` says where it runs: ``"one"`` (one node only), ``"any"`` (also across nodes: the flat variant of
+    docs/multinode.md, every peer reached directly, through NVSHMEM's API where there is no mapping),
+    ``"several"`` (a hierarchical variant: several nodes only). Across nodes the plan selector picks among the
+    "any" and "several" ones by the cost model (:mod:`tilescale.plan.multinode`). `graph_safe`: its ops count
+    calls on the device (``Op.GRAPH_SAFE``), so a call may be captured in a CUDA graph (else
+    tilescale.distributed sends captured calls to NCCL)."""
 
     run: Callable
     ranges: tuple = ((0, MAX_MSG_SIZE),)
+    nodes: str = "one"
     graph_safe: bool = False
+
+    def __post_init__(self):
+        if self.nodes not in NODES:
+            raise ValueError(f"Algorithm: nodes: got {self.nodes!r}, expected one of {', '.join(NODES)}")
 
 
 @dataclass(frozen=True)

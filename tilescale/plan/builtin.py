@@ -5,8 +5,12 @@ Every algorithm of every collective that :mod:`tilescale.ops.registry` lists is 
 algo="one_shot")``), ``tilescale.reduce_scatter.direct``, ``tilescale.allgather.push``,
 ``tilescale.all_to_all.push``, ``tilescale.broadcast.pull`` (:data:`ALGOS`).
 
-All run over the whole world of the tilescale runtime, on one node, sum only, on contiguous CUDA
-bf16/fp16/fp32 tensors, which need not be symmetric (each op copies through its own symmetric buffers).
+All run over the whole world of the tilescale runtime, sum only, on contiguous CUDA bf16/fp16/fp32 tensors,
+which need not be symmetric (each op copies through its own symmetric buffers). On one node every algorithm
+but the hierarchical ones (``Algorithm.nodes == "several"``); on several nodes (real, or emulated with
+TILESCALE_NODE_SIZE) only the collectives that have a hierarchical variant, each with its flat algorithm
+(``nodes == "any"``) up to the cost model's crossover and its hierarchical one above it
+(:mod:`tilescale.plan.multinode`); the others go to NCCL.
 
 * :func:`register_tuned` registers the plans of the tuning table that matches the machine (message
   ranges where they beat NCCL); without a matching table it registers none, so NCCL is chosen.
@@ -35,33 +39,54 @@ GRAPH_SAFE = frozenset(f"tilescale.{c.name}.{a}" for c in collectives() for a, a
 
 
 def default_ranges() -> dict[str, list[tuple[int, int]]]:
-    """Message ranges of the catalog: each algorithm's default ranges in the registry."""
-    return {f"tilescale.{c.name}.{a}": list(alg.ranges) for c in collectives() for a, alg in c.algos.items()}
+    """Message ranges of the catalog on one node: each algorithm's default ranges in the registry (none for the
+    hierarchical ones)."""
+    return {f"tilescale.{c.name}.{a}": list(alg.ranges) for c in collectives() for a, alg in c.algos.items()
+            if alg.nodes != "several"}
 
 
-def _compile(name: str, world_size: int, lo: int, hi: int, tags: set) -> Plan:
+def _compile(name: str, world_size: int, lo: int, hi: int, tags: set, nranks_per_node: int | None = None) -> Plan:
     collective, fn = ALGOS[name]
-    return compile(fn, name=name, collective=collective, world_size=world_size, nranks_per_node=world_size,
-                   min_msg_size=lo, max_msg_size=hi, tags={"tilescale", "builtin", *tags}, constraints=CONSTRAINTS)
+    return compile(fn, name=name, collective=collective, world_size=world_size,
+                   nranks_per_node=nranks_per_node or world_size, min_msg_size=lo, max_msg_size=hi,
+                   tags={"tilescale", "builtin", *tags}, constraints=CONSTRAINTS)
 
 
-_catalog: dict[tuple, list[Plan]] = {}   # (world size, plan cache root) -> plans
+def multinode_ranges(world_size: int, nranks_per_node: int) -> dict[str, list[tuple[int, int]]]:
+    """Message ranges of the catalog on several nodes: for each collective with a hierarchical algorithm, its
+    flat ones up to :func:`tilescale.plan.multinode.flat_max_bytes` and its hierarchical ones above."""
+    from ..ops.registry import MAX_MSG_SIZE
+    from .multinode import flat_max_bytes
+
+    out = {}
+    for c in collectives():
+        if not any(alg.nodes == "several" for alg in c.algos.values()):
+            continue
+        top = flat_max_bytes(c.name, world_size, nranks_per_node)
+        for a, alg in c.algos.items():
+            lo, hi = {"any": (0, top), "several": (top + 1, MAX_MSG_SIZE)}.get(alg.nodes, (1, 0))
+            if lo <= hi:
+                out[f"tilescale.{c.name}.{a}"] = [(lo, hi)]
+    return out
+
+
+_catalog: dict[tuple, list[Plan]] = {}   # (world size, ranks per node, plan cache root) -> plans
 _catalog_lock = threading.Lock()
 
 
 def catalog(world_size: int, nranks_per_node: int, collective: str | None = None) -> list[Plan]:
-    """One plan per built-in algorithm over its default range (see the module's docstring); none when
-    the job spans several nodes (the kernels address peers over NVLink)."""
-    if nranks_per_node != world_size:
-        return []
+    """One plan per built-in algorithm over its default range on one node; on several nodes, the flat and
+    hierarchical algorithms over the cost model's ranges (see the module's docstring)."""
     from . import cache
 
-    key = (world_size, str(cache.root()))
+    key = (world_size, nranks_per_node, str(cache.root()))
     with _catalog_lock:
         plans = _catalog.get(key)
         if plans is None:
-            plans = [_compile(name, world_size, lo, hi, {"default-range"})
-                     for name, rs in default_ranges().items() for lo, hi in rs]
+            several = nranks_per_node != world_size
+            ranges = multinode_ranges(world_size, nranks_per_node) if several else default_ranges()
+            plans = [_compile(name, world_size, lo, hi, {"model-range" if several else "default-range"},
+                              nranks_per_node) for name, rs in ranges.items() for lo, hi in rs]
             _catalog[key] = plans
     return [p for p in plans if collective is None or p.collective == collective]
 
