@@ -1,8 +1,8 @@
-"""docs/multinode_model.py, the multi-node cost model: it runs, docs/multinode.md holds exactly what it prints,
+"""The multi-node cost model (tilescale/plan/multinode_model.py, run by docs/multinode_model.py): it runs,
+docs/multinode.md holds exactly what it prints,
 and its predictions have the properties docs/multinode.md draws from them."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -17,12 +17,9 @@ DOC = REPO / "docs" / "multinode.md"
 
 @pytest.fixture(scope="module")
 def model():
-    spec = importlib.util.spec_from_file_location("multinode_model", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # dataclasses look the module up while the class is built
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    from tilescale.plan import multinode_model
+
+    return multinode_model
 
 
 def test_script_runs_and_the_doc_is_its_output(model):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_modes, compat, discovery, toolchain, topology
+from . import build_modes, compat, discovery, toolchain
 from .env import settings
 from .errors import BackendError
 from .version import __version__
@@ -179,7 +179,7 @@ def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | No
         f"-DTILESCALE_NVSHMEM={install.version}",
         f"-DTILESCALE_HDR={header_digest()}",
         f"-DTILESCALE_WAIT_TIMEOUT_NS={int(timeout * 1e9)}ull",
-        f"-DTILESCALE_NODE_SIZE={topology.node_size_flag()}",
+        f"-DTILESCALE_NODE_SIZE={settings.node_size}",   # tilescale.topology: 0 = the real topology
     ]
     mode = build_modes.get(spec.build_mode)
     if mode.link_libraries and not mode.supported_by(install):

@@ -67,6 +67,6 @@ def current() -> Topology:
 
 
 def node_size_flag() -> int:
-    """What kernels are built with (``-DTILESCALE_NODE_SIZE``): TILESCALE_NODE_SIZE, 0 when unset (the
-    real topology: NVSHMEM's mappings decide)."""
+    """What kernels are built with (``-DTILESCALE_NODE_SIZE``, tilescale/backend.py reads the same setting):
+    TILESCALE_NODE_SIZE, 0 when unset (the real topology: NVSHMEM's mappings decide)."""
     return settings.node_size

@@ -1,5 +1,5 @@
-"""Which variant of a collective a job on several nodes should use: the rule of the cost model in
-docs/multinode_model.py (``rule``), read from that file, not restated here.
+"""Which variant of a collective a job on several nodes should use: the rule of the cost model
+(:mod:`tilescale.plan.multinode_model`, ``rule``; its tables are in docs/multinode.md), not restated here.
 
     multinode.variant("allgather", msg_bytes, world_size, node_size)     # "flat" or "hierarchical"
     multinode.flat_max_bytes("allgather", world_size, node_size)          # largest message that stays flat
@@ -12,14 +12,9 @@ intra-node then inter-node). Emulated nodes (TILESCALE_NODE_SIZE) count as nodes
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import logging
 import math
-import sys
-from pathlib import Path
 
-MODEL = Path(__file__).resolve().parents[2] / "docs" / "multinode_model.py"
 FLAT, HIERARCHICAL = "flat", "hierarchical"
 # the model's names of collectives whose hierarchical variant is the AllGather one (the others: ReduceScatter's)
 _GATHERS = {"allgather": "all_gather", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -28,18 +23,11 @@ _GATHERS = {"allgather": "all_gather", "all_gather": "all_gather", "all_gather_i
 log = logging.getLogger("tilescale.plan")
 
 
-@functools.cache
 def model():
-    """docs/multinode_model.py as a module (None where the file is not there: an install without the source
-    tree)."""
-    if not MODEL.is_file():
-        log.warning("%s not found: every call on several nodes takes the hierarchical variant", MODEL)
-        return None
-    spec = importlib.util.spec_from_file_location("tilescale_multinode_model", MODEL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # dataclasses look the module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    """The cost model (:mod:`tilescale.plan.multinode_model`, docs/multinode.md)."""
+    from . import multinode_model
+
+    return multinode_model
 
 
 def variant(collective: str, msg_bytes: int, world_size: int, node_size: int) -> str:
@@ -48,8 +36,6 @@ def variant(collective: str, msg_bytes: int, world_size: int, node_size: int) ->
     if world_size // node_size <= 1 or node_size <= 1:
         return FLAT
     m = model()
-    if m is None:
-        return HIERARCHICAL
     v = m.rule(_GATHERS.get(collective, "reduce_scatter"), msg_bytes, world_size, node_size)
     return FLAT if v == m.FLAT_DIRECT else HIERARCHICAL
 
@@ -62,8 +48,6 @@ def flat_max_bytes(collective: str, world_size: int, node_size: int) -> int:
     if world_size // node_size <= 1 or node_size <= 1:
         return MAX_MSG_SIZE
     m = model()
-    if m is None:
-        return -1
     thr = m.flat_threshold(world_size // node_size, node_size)
     if math.isinf(thr):
         return MAX_MSG_SIZE
