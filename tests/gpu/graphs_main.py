@@ -102,7 +102,8 @@ def graph1(info, dev, replays):
         return a, b, c
 
     def step():
-        o1 = ag(x["ag1"])
+        # before any capture ag(x) returns its slot, which call e + 2 (o3's) overwrites: keep a copy
+        o1 = ag(x["ag1"]).clone()
         ar(x["ar"], out=ar_out)
         ag(x["ag2"], out=ag_out2)
         rs(x["rs"], out=rs_out)
