@@ -15,7 +15,7 @@ GPU = Path(__file__).resolve().parent / "gpu"
 @pytest.mark.parametrize(("nranks", "node_size"), [(2, 1), (4, 1), (4, 2)], ids=["2r-k1", "4r-k1", "4r-k2"])
 def test_every_op_on_the_remote_path(nranks, node_size):
     testing.skip_unless_ranks(nranks)
-    proc = testing.launch(GPU / "remote_main.py", nranks, timeout=400, env={"TILESCALE_NODE_SIZE": str(node_size)})
+    proc = testing.launch(GPU / "remote_main.py", nranks, timeout=520, env={"TILESCALE_NODE_SIZE": str(node_size)})
     testing.assert_all_ranks_ok(proc, nranks, marker=f"OK: remote path, TILESCALE_NODE_SIZE={node_size}: every op")
     out = proc.stdout
     for what in ("AllGather", "AllReduce one_shot", "AllReduce two_shot", "ReduceScatter", "AllToAll",
