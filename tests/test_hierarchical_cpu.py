@@ -115,7 +115,7 @@ def test_selector_choice_in_numbers(plans):
     assert _pick(128, 8, 128, "allgather") == "hierarchical"           # 16 nodes: hierarchical from 1 B a shard
     assert _pick(4, 2, 2 * MiB, "allgather") == "hierarchical" and _pick(4, 2, 64 << 10, "allgather") == "push"
     assert _pick(4, 4, 1 << 30, "allgather") == "push"                 # one node: never hierarchical
-    assert _pick(4, 2, MiB, "allreduce") is None                       # no multi-node algorithm: NCCL
+    assert _pick(4, 2, MiB, "allreduce") == "one_shot"                 # no hierarchical variant: the flat one
     assert all(p.constraints["nranks_per_node"] == 2 for p in builtin.catalog(4, 2))
 
 

@@ -348,7 +348,7 @@ def bench(algo, x, world_size):
 
 
 COLLECTIVE = registry.collective("all_to_all", torch_name="all_to_all_single", aliases=("alltoall",),
-                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
+                                 algos={"push": registry.Algorithm(run_push, nodes="any", graph_safe=True)},
                                  tensors=("output", "input"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

@@ -262,9 +262,9 @@ def run_two_shot(tensor, op="sum"):
     all_reduce(tensor.view(-1), op=op, algo="two_shot")
 
 
-ALGOS = {"one_shot": registry.Algorithm(run_one_shot, ((0, ONE_SHOT_MAX_BYTES),), graph_safe=True),
+ALGOS = {"one_shot": registry.Algorithm(run_one_shot, ((0, ONE_SHOT_MAX_BYTES),), nodes="any", graph_safe=True),
          "two_shot": registry.Algorithm(run_two_shot, ((ONE_SHOT_MAX_BYTES + 1, registry.MAX_MSG_SIZE),),
-                                             graph_safe=True)}
+                                        nodes="any", graph_safe=True)}
 
 
 def serve(world_size, tensor, **_):

@@ -210,7 +210,7 @@ def serve(world_size, tensor, src, group_src, **_):
 
 
 COLLECTIVE = registry.collective("broadcast", torch_name="broadcast",
-                                 algos={"pull": registry.Algorithm(run_pull, graph_safe=True)},
+                                 algos={"pull": registry.Algorithm(run_pull, nodes="any", graph_safe=True)},
                                  tensors=("tensor",), serve=serve, kernels=kernels,
                                  bench=registry.rooted_bench(Broadcast),
                                  busbw=lambda W: 1.0, exact=True, module=__name__)

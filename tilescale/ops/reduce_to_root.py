@@ -178,6 +178,6 @@ def serve(world_size, tensor, dst, group_dst, **_):
 
 
 COLLECTIVE = registry.collective("reduce", torch_name="reduce",
-                                 algos={"push": registry.Algorithm(run_push, graph_safe=True)},
+                                 algos={"push": registry.Algorithm(run_push, nodes="any", graph_safe=True)},
                                  tensors=("tensor",), serve=serve, kernels=kernels, bench=registry.rooted_bench(Reduce),
                                  busbw=lambda W: 1.0, exact=False, module=__name__)

@@ -8,9 +8,10 @@ algo="one_shot")``), ``tilescale.reduce_scatter.direct``, ``tilescale.allgather.
 All run over the whole world of the tilescale runtime, sum only, on contiguous CUDA bf16/fp16/fp32 tensors,
 which need not be symmetric (each op copies through its own symmetric buffers). On one node every algorithm
 but the hierarchical ones (``Algorithm.nodes == "several"``); on several nodes (real, or emulated with
-TILESCALE_NODE_SIZE) only the collectives that have a hierarchical variant, each with its flat algorithm
-(``nodes == "any"``) up to the cost model's crossover and its hierarchical one above it
-(:mod:`tilescale.plan.multinode`); the others go to NCCL.
+TILESCALE_NODE_SIZE) the algorithms that run across nodes (``nodes == "any"``: every peer reached directly,
+through NVSHMEM's API where there is no load/store mapping), and where a collective has a hierarchical variant,
+its flat algorithm up to the cost model's crossover and the hierarchical one above it
+(:mod:`tilescale.plan.multinode`).
 
 * :func:`register_tuned` registers the plans of the tuning table that matches the machine (message
   ranges where they beat NCCL); without a matching table it registers none, so NCCL is chosen.
@@ -54,13 +55,16 @@ def _compile(name: str, world_size: int, lo: int, hi: int, tags: set, nranks_per
 
 def multinode_ranges(world_size: int, nranks_per_node: int) -> dict[str, list[tuple[int, int]]]:
     """Message ranges of the catalog on several nodes: for each collective with a hierarchical algorithm, its
-    flat ones up to :func:`tilescale.plan.multinode.flat_max_bytes` and its hierarchical ones above."""
+    flat ones up to :func:`tilescale.plan.multinode.flat_max_bytes` and its hierarchical ones above; for the
+    others, their algorithms that run across nodes (``nodes == "any"``) over their default ranges."""
     from ..ops.registry import MAX_MSG_SIZE
     from .multinode import flat_max_bytes
 
     out = {}
     for c in collectives():
-        if not any(alg.nodes == "several" for alg in c.algos.values()):
+        if not any(alg.nodes == "several" for alg in c.algos.values()):   # no variant to choose: its flat ones
+            out.update({f"tilescale.{c.name}.{a}": list(alg.ranges) for a, alg in c.algos.items()
+                        if alg.nodes == "any"})
             continue
         top = flat_max_bytes(c.name, world_size, nranks_per_node)
         for a, alg in c.algos.items():
