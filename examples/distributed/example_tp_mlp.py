@@ -292,7 +292,7 @@ def extras(dist, ref_dist, builtin, rank, W, H, device, on_gpu) -> None:
         served("allreduce", True, "async all_reduce")
         # explicit plan: the two-shot kernel on a small message (default range: one-shot)
         if on_gpu:
-            from tilescale import topology   # the plan is for this job's nodes (TILESCALE_NODE_SIZE: emulated ones)
+            from tilescale import topology  # the plan is for this job's nodes (TILESCALE_NODE_SIZE: emulated ones)
 
             two = [p for p in builtin.catalog(W, topology.current().node_size, "allreduce")
                    if p.name.endswith("two_shot")][0]
