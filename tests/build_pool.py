@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -58,3 +59,18 @@ def build_all(jobs: dict[str, tuple | Callable[[], Any]], workers: int = WORKERS
     futures = {k: pool.submit(c) for k, c in calls.items()}
     pool.shutdown(wait=False)
     return Builds(futures)
+
+
+def enclosing_conditions(source: str, call: str) -> list[str]:
+    """The conditions of the ``if`` blocks that enclose each `call` in the generated CUDA source."""
+    out, stack = [], []
+    for line in source.splitlines():
+        if call in line:
+            out += [c for c in stack if c is not None]
+        for ch in line:
+            if ch == "{":
+                m = re.match(r"\s*(?:\} else )?if \((.*)\) \{\s*$", line)
+                stack.append(m.group(1) if m else None)
+            elif ch == "}" and stack:
+                stack.pop()
+    return out

@@ -7,6 +7,7 @@ Their GPU test: tests/test_hierarchical.py (4 ranks, emulated nodes of 2)."""
 import re
 from pathlib import Path
 
+import build_pool
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,21 +29,6 @@ CASES = {   # id: (jit function, args: 8 ranks in nodes of 2 or 4 (forward rows 
 }
 
 
-def enclosing_conditions(source: str, call: str) -> list[str]:
-    """The conditions of the ``if`` blocks that enclose each `call` in the generated CUDA source."""
-    out, stack = [], []
-    for line in source.splitlines():
-        if call in line:
-            out += [c for c in stack if c is not None]
-        for ch in line:
-            if ch == "{":
-                m = re.match(r"\s*(?:\} else )?if \((.*)\) \{\s*$", line)
-                stack.append(m.group(1) if m else None)
-            elif ch == "}" and stack:
-                stack.pop()
-    return out
-
-
 @pytest.fixture(scope="module")
 def builds():
     from build_pool import build_all
@@ -58,9 +44,10 @@ def test_kernel_builds_for_sm90(case, builds):
     assert want <= set(re.findall(r"tilescale::[a-z_]+", r.source))
     # a put_signal inside a bound check of its chunk (blockIdx.x: the chunk) would not signal for an empty chunk,
     # and the peer would wait forever; role and peer conditions (blockIdx.y, the rank) are the protocol's
-    guards = [c for c in enclosing_conditions(r.source, "tilescale::put_signal") if "blockIdx.x" in c]
+    guards = [c for c in build_pool.enclosing_conditions(r.source, "tilescale::put_signal") if "blockIdx.x" in c]
     assert not guards, f"a put/signal is behind a bound guard (empty chunks would not signal): {guards}"
-    assert enclosing_conditions("if (a) {\n  for (;;) {\n    tilescale::put_signal(x);\n  }\n}", "put_signal") == ["a"]
+    nested = "if (a) {\n  for (;;) {\n    tilescale::put_signal(x);\n  }\n}"
+    assert build_pool.enclosing_conditions(nested, "put_signal") == ["a"]
     if fn is rsh.reduce_scatter_hierarchical_kernel:
         assert "float acc[" in r.source and "float* part" in r.source, "partials and sums in fp32"
 
