@@ -120,9 +120,15 @@ class Op:
                 None if out is None else (type(out), out.dtype, out.shape, out.device))
 
     def begin(self, *args) -> int:
-        """The first steps of every call (see the module docstring); returns the current stream's handle."""
-        if _capturing():
-            return self.begin_captured(*args)
+        """The first steps of every call (see the module docstring); returns the current stream's handle.
+        During CUDA graph capture: refused unless ``GRAPH_SAFE``; the call checks as always (agreed over the
+        host's gloo group: nothing on the GPU); no stream-order change (``torch.cuda.graph`` orders its capture
+        stream, and an event recorded outside a capture cannot be waited for inside it)."""
+        capturing = _capturing()
+        if capturing:
+            if not self.GRAPH_SAFE:
+                raise capture.refusal(self.NAME)
+            self.captured = True
         try:
             key = self.call_key(*args)
             hit = key in self._agreed
@@ -130,23 +136,7 @@ class Op:
             key, hit = None, False
         if not hit:
             self._check(key, self._validate, *args)
-        return self.ordered_stream()
-
-    def begin_captured(self, *args) -> int:
-        """:meth:`begin` during CUDA graph capture: refused unless ``GRAPH_SAFE``; the call checks (agreed over
-        the host's gloo group: nothing on the GPU); no stream-order change (``torch.cuda.graph`` orders its
-        capture stream, and an event recorded outside a capture cannot be waited for inside it)."""
-        if not self.GRAPH_SAFE:
-            raise capture.refusal(self.NAME)
-        self.captured = True
-        try:
-            key = self.call_key(*args)
-            hit = key in self._agreed
-        except Exception:  # noqa: BLE001
-            key, hit = None, False
-        if not hit:
-            self._check(key, self._validate, *args)
-        return self._stream()
+        return self._stream() if capturing else self.ordered_stream()
 
     def ordered_stream(self) -> int:
         """The current stream's handle, after ordering it behind the previous call's stream if it changed."""
