@@ -29,3 +29,17 @@ def test_a_node_size_that_cannot_group_the_ranks_is_refused(menv, raw):
     menv.setenv("TILESCALE_NODE_SIZE", raw)
     with pytest.raises(SettingError, match="TILESCALE_NODE_SIZE"):
         topology.of(4, 4)
+
+
+def test_init_distributed_refuses_a_node_size_that_does_not_divide_the_world(menv):
+    """Checked first, on every rank alike (each reads the same setting and world size): before CUDA, NCCL or
+    NVSHMEM start, so no rank waits for one that raised, and the plain collectives never run on uneven
+    'nodes' (they would stay correct, and nothing would say the setting was wrong)."""
+    import tilescale
+
+    for k, v in {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1",
+                 "TILESCALE_NODE_SIZE": "3"}.items():
+        menv.setenv(k, v)
+    with pytest.raises(SettingError, match=r"TILESCALE_NODE_SIZE=3: .*divides the world size 4"):
+        tilescale.init_distributed()
+    assert not tilescale.is_initialized()

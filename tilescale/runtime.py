@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, shm_leftovers, toolchain
+from . import compat, diagnostics, heap, shm_leftovers, toolchain, topology
 from .cache_files import build_once, private_dir
 from .env import settings
 from .errors import (
@@ -241,13 +241,14 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # tilescale does not use NVLink multicast
         install = find_nvshmem()
-        if not torch.cuda.is_available():
-            raise TileScaleError("tilescale.init_distributed() needs CUDA GPUs; torch sees none "
-                                 "(torch.cuda.is_available() is False)")
         rank = _env_int("RANK", 0 if not dist.is_initialized() else dist.get_rank())
         world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
         local_rank = _env_int("LOCAL_RANK", rank)
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        topology.of(world, local_world)  # TILESCALE_NODE_SIZE must divide the world: every rank raises alike
+        if not torch.cuda.is_available():
+            raise TileScaleError("tilescale.init_distributed() needs CUDA GPUs; torch sees none "
+                                 "(torch.cuda.is_available() is False)")
         ndev = torch.cuda.device_count()
         if not 0 <= local_rank < local_world:
             raise TileScaleError(f"LOCAL_RANK={local_rank} with LOCAL_WORLD_SIZE={local_world}: expected "
