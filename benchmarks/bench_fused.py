@@ -67,13 +67,14 @@ def run_ag_gemm(info, shapes, dtype, quick):
         if not err < 2e-2:
             raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N}: relative error {err:.3g} vs torch")
         it = 5 if quick else 20
+        landed = torch.ones_like(op.arrived)   # the GEMM alone: every chunk marked as arrived
         t = dict(
             nccl=time_op(lambda: dist.all_gather_into_tensor(a_full, a), iters=it),
             cublas=time_op(lambda: torch.matmul(a_full, b, out=ref), iters=it),
             nccl_cublas=time_op(lambda: (dist.all_gather_into_tensor(a_full, a), torch.matmul(a_full, b, out=ref)),
                                 iters=it),
             tilescale=time_op(lambda: op(a, b, out=c), iters=it),
-            ts_gemm=time_op(lambda: op.kernel(op.gathered(), b, c, op.arrived, op.epoch), iters=it),
+            ts_gemm=time_op(lambda: op.kernel(op.gathered(), b, c, landed), iters=it),
         )
         if ag_mm is not None:
             try:
@@ -110,14 +111,15 @@ def run_gemm_rs(info, shapes, dtype, quick):
         if not err < 2e-2:
             raise AssertionError(f"[rank {rank}] gemm_rs {M}x{K}x{N}: relative error {err:.3g} vs NCCL")
         it = 5 if quick else 20
-        scratch = torch.zeros_like(op.done)
+        scratch = torch.zeros_like(op.done)      # the GEMM alone: its counts go to scratch words
+        scratch_calls = torch.zeros_like(op.gemm_counters)
         t = dict(
             nccl=time_op(lambda: dist.reduce_scatter_tensor(ref, partial), iters=it),
             cublas=time_op(lambda: torch.matmul(x, w, out=partial), iters=it),
             nccl_cublas=time_op(lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
                                 iters=it),
             tilescale=time_op(lambda: op(x, w, out=out), iters=it),
-            ts_gemm=time_op(lambda: op.gemm(x, w, op.P[0], scratch), iters=it),
+            ts_gemm=time_op(lambda: op.gemm(x, w, op.P, scratch, scratch_calls), iters=it),
         )
         if mm_rs is not None:
             try:

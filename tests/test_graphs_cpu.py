@@ -1,6 +1,7 @@
 """CUDA graphs on CPU (tilescale/ops/capture.py): the device call counter ``T.call_number`` (lowering and
-errors), every collective's kernel counting its calls on the device (no epoch scalar left), capture refused
-by the fused ops and by construction, accepted by the collectives without stream-order changes, AllGather's
+errors), every collective's kernel counting its calls on the device (no epoch scalar left), the fused ops'
+kernels (GEMM+RS counting on the device, AG+GEMM's flags set to 1), capture refused by an op that counts on
+the host and by construction, accepted by the collectives and fused ops without stream-order changes, AllGather's
 slot by the device's parity, tilescale.distributed's routing of captured calls, and no new host work per
 eager call. The GPU side (1,000 replays against references): tests/gpu/graphs_main.py."""
 import re
@@ -106,10 +107,41 @@ def test_collective_kernels_count_calls_on_the_device(lowering, name):
                         _first_statement(src)), kernel_function(src)
 
 
+def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
+    """Both kernels of GEMM+RS take their own call counters (one word per block) and the partials' two halves
+    (2M rows), and no epoch from the host: the GEMM writes and the reduction reads the half of e % 2, and the
+    reduction waits for e x per_block finished stores."""
+    M, N, K, W, per_block, blocks = 1024, 512, 256, 2, 256 * 2, 4
+    gemm = gemm_rs.gemm_rs_gemm_kernel.get_tir(M, N, K, W)
+    red = gemm_rs.gemm_rs_reduce_kernel.get_tir(M, N, W, per_block, blocks)
+    for func, n_counters in ((gemm, (N // 256) * (M // 128)), (red, blocks)):
+        assert [p.name for p in func.params if p not in func.buffer_map] == [], "a host call count is a parameter"
+        bufs = {func.buffer_map[p].name: func.buffer_map[p] for p in func.params}
+        assert [int(d) for d in bufs["counters"].shape] == [n_counters] and str(bufs["counters"].dtype) == "int64"
+        assert [int(d) for d in bufs["P"].shape] == [2 * M, N]
+        src = lower_source(func)
+        assert src.count("tilescale::call_number(") == 1, kernel_function(src)
+    gemm_src, red_src = kernel_function(lower_source(gemm)), kernel_function(lower_source(red))
+    # the GEMM stores into the half of e % 2 (M x N = 524288 elements further for odd calls)...
+    assert re.search(r"\*\(uint4\*\)\(P \+ \(+\(int\)\(e & \(uint64_t\)1\)\) \* 524288\)", gemm_src), gemm_src
+    # ...the reduction waits for e x per_block finished stores of the row block
+    assert re.search(rf"wait_until_pe<unsigned long long>\(.*done\[.*, \(e \* \(uint64_t\){per_block}\),", red_src)
+
+
+def test_ag_gemm_kernel_waits_for_flags_set_to_one(lowering):
+    """AG+GEMM's flags are set to 1 and reset (no call count at all): the GEMM has no scalar parameter and
+    its tiles of other ranks' rows wait for arrived >= 1."""
+    func = ag_gemm.ag_gemm_kernel.get_tir(1024, 512, 256, 2, 2)
+    assert [p.name for p in func.params if p not in func.buffer_map] == []
+    src = kernel_function(lower_source(func))
+    assert "call_number" not in src
+    waits = re.findall(r"tilescale::wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), (\d), (.*?), \d+\);", src)
+    assert waits == [("3", "(uint64_t)1")], waits      # cmp 3: >=
+
+
 def test_graph_safety_is_declared_per_op_class():
-    for cls in GRAPH_SAFE_OPS:
+    for cls in GRAPH_SAFE_OPS + (ag_gemm.AGGemm, gemm_rs.GemmRS):
         assert cls.GRAPH_SAFE is True, cls
-    assert ag_gemm.AGGemm.GRAPH_SAFE is False and gemm_rs.GemmRS.GRAPH_SAFE is False
     assert base.Op.GRAPH_SAFE is False    # a new op refuses capture until it counts on the device
 
 
@@ -140,14 +172,22 @@ def _op(cls, monkeypatch, capturing: bool, **attrs):
     return op
 
 
-def test_fused_ops_still_refuse_capture(monkeypatch):
+def test_fused_ops_capture_and_a_host_counting_op_refuses(monkeypatch):
     agg = _op(ag_gemm.AGGemm, monkeypatch, True, rows=64, K=32, N=48, M=128, dtype=torch.bfloat16, world_size=2)
-    with pytest.raises(errors.GraphCaptureError, match=r"AGGemm: called during CUDA graph capture, which it does not "
-                                                       r"support .*routes captured calls to NCCL"):
-        agg.begin(torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(32, 48, dtype=torch.bfloat16), None)
+    bf = torch.bfloat16
+    assert agg.begin(torch.zeros(64, 32, dtype=bf), torch.zeros(32, 48, dtype=bf), None) == 7   # no switch
+    assert agg.captured
     rs = _op(gemm_rs.GemmRS, monkeypatch, True, M=128, K=32, N=48, dtype=torch.float16, world_size=2)
-    with pytest.raises(RuntimeError, match=r"GemmRS: called during CUDA graph capture"):
-        rs.begin(torch.zeros(128, 32, dtype=torch.float16), torch.zeros(32, 48, dtype=torch.float16), None)
+    assert rs.begin(torch.zeros(128, 32, dtype=torch.float16), torch.zeros(32, 48, dtype=torch.float16), None) == 7
+
+    class HostCounted(allreduce.AllReduce):
+        GRAPH_SAFE = False
+        NAME = "HostCounted"
+
+    op = _op(HostCounted, monkeypatch, True, shape=(16,), dtype=torch.float32)
+    with pytest.raises(errors.GraphCaptureError, match=r"HostCounted: called during CUDA graph capture, which it does "
+                                                       r"not support"):
+        op.begin(torch.zeros(16), None)
 
 
 def test_collectives_capture_without_a_stream_order_change(monkeypatch):

@@ -348,6 +348,15 @@ def parse_nvshmem_size(raw: str) -> int:
     return int(math.ceil(value * (1 << scale)))
 
 
+def check_node_size(node_size: int, world_size: int) -> None:
+    """Nodes of `node_size` ranks (TILESCALE_NODE_SIZE, or the launcher's ranks per node) must group a job of
+    `world_size` ranks evenly: SettingError otherwise (tilescale.init_distributed checks the setting first, on
+    every rank alike; tilescale.topology.Topology every grouping)."""
+    if node_size < 1 or world_size < 1 or world_size % node_size:
+        raise SettingError(f"TILESCALE_NODE_SIZE={node_size}: expected a whole number >= 1 that divides the world "
+                           f"size {world_size} (ranks form nodes of equal size)")
+
+
 def symmetric_heap_size() -> int:
     """Bytes of symmetric heap per rank: NVSHMEM_SYMMETRIC_SIZE, or NVSHMEM's default (1 GiB)."""
     raw = os.environ.get("NVSHMEM_SYMMETRIC_SIZE")

@@ -79,8 +79,8 @@ class WaitTimeoutError(TileScaleError, RuntimeError):
 
 
 class GraphCaptureError(TileScaleError, RuntimeError):
-    """A call that a CUDA graph cannot hold was made during capture: an op that counts its calls on the host
-    (the fused ops), an op constructed during capture, or variable split sizes (tilescale/ops/capture.py)."""
+    """A call that a CUDA graph cannot hold was made during capture: an op that is not declared graph-safe
+    (``Op.GRAPH_SAFE``), an op constructed during capture, or variable split sizes (tilescale/ops/capture.py)."""
 
 
 class RemoteRankError(TileScaleError, RuntimeError):

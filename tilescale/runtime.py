@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, shm_leftovers, toolchain, topology
+from . import compat, diagnostics, heap, shm_leftovers, toolchain
 from .cache_files import build_once, private_dir
-from .env import settings
+from .env import check_node_size, settings
 from .errors import (
     AlreadyInitializedError,
     NotInitializedError,
@@ -98,6 +98,7 @@ _SIGS = {
     "ts_ptr": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p),
     "ts_getmem_on_stream": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p], None),
     "ts_barrier_all_on_stream": ([ctypes.c_void_p], None), "ts_quiet_on_stream": ([ctypes.c_void_p], None),
+    "ts_signal_add_on_stream": ([ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p], None),
     "ts_stream_write_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
     "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
     "ts_finalize": ([], None),
@@ -245,7 +246,8 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
         local_rank = _env_int("LOCAL_RANK", rank)
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
-        topology.of(world, local_world)  # TILESCALE_NODE_SIZE must divide the world: every rank raises alike
+        if settings.node_size:  # emulated nodes must divide the world: checked first, every rank raises alike
+            check_node_size(settings.node_size, world)
         if not torch.cuda.is_available():
             raise TileScaleError("tilescale.init_distributed() needs CUDA GPUs; torch sees none "
                                  "(torch.cuda.is_available() is False)")

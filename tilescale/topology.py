@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .env import settings
-from .errors import SettingError
+from .env import check_node_size, settings
 
 
 @dataclass(frozen=True)
@@ -27,9 +26,7 @@ class Topology:
     emulated: bool = False
 
     def __post_init__(self):
-        if self.node_size < 1 or self.world_size < 1 or self.world_size % self.node_size:
-            raise SettingError(f"TILESCALE_NODE_SIZE={self.node_size}: expected a whole number >= 1 that divides the "
-                               f"world size {self.world_size} (ranks form nodes of equal size)")
+        check_node_size(self.node_size, self.world_size)
 
     @property
     def nodes(self) -> int:

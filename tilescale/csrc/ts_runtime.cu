@@ -72,6 +72,12 @@ void ts_getmem_on_stream(const void* src, void* dst, size_t n, int pe, void* str
   nvshmemx_getmem_on_stream(dst, src, n, pe, (cudaStream_t)stream);
 }
 
+// `*sig_addr += value` on PE `pe` (symmetric `sig_addr`), ordered on `stream`: NVSHMEM's signal, which
+// reaches a PE of another node (a small kernel of NVSHMEM's; an add, never its host-memory copy for a set).
+void ts_signal_add_on_stream(void* sig_addr, unsigned long long value, int pe, void* stream) {
+  nvshmemx_signal_op_on_stream((uint64_t*)sig_addr, (uint64_t)value, NVSHMEM_SIGNAL_ADD, pe, (cudaStream_t)stream);
+}
+
 // Stream memory operations (no SM time): a 64-bit store, and a wait for a 64-bit value >= `value`.
 int ts_stream_write_u64(void* stream, void* addr, unsigned long long value) {
   auto fn = driver_entry<CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int)>("cuStreamWriteValue64", 12000);

@@ -11,18 +11,28 @@ chunk of rows it needs. Rows are computed in the order they arrive: own shard, t
 A rank of another node (``TILESCALE_NODE_SIZE`` included, per :func:`tilescale.topology.current`) has
 no peer view: its chunks are pulled with NVSHMEM's on-stream get (``nvshmemx_getmem_on_stream``) instead.
 
-Signal protocol of one call (epoch e = 1, 2, ...; buffers double-buffered by e % 2):
+Signal protocol of one call. Flags are set to 1 by their one writer and reset to 0 by their one reader,
+so no value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and
+replays and eager calls may be interleaved. No barrier, and no flag that needs an SM: stream memory
+operations (``cuStreamWaitValue64`` / ``cuStreamWriteValue64``), on a peer's flag through its mapping, or
+NVSHMEM's on-stream signal (an add) for a rank of another node. ``ready[q]`` (symmetric, here): rank q's
+slot of its ``A_full`` holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my
+slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): that chunk is here.
 
-1. main stream: copy A_local into this rank's slot of ``A_full[e % 2]`` (symmetric);
-2. main stream: NVSHMEM barrier of all ranks (every slot of epoch e is written, and every rank is past
-   the GEMM of epoch e - 1, which read the other buffer);
-3. copy streams (one per peer): for each chunk of each peer's shard, a pull of the chunk from the
-   peer's ``A_full[e % 2]`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get from
-   another node), then a stream write ``arrived[peer, chunk] = e`` (ordered after the pull on that
-   stream);
-4. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= e``
+1. main stream: an event that the copy streams wait for (they overwrite rows the last call's GEMM read);
+2. main stream: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set it to 0;
+3. main stream: copy A_local into my slot of ``A_full`` (symmetric), then set ``ready[me] = 1`` on every peer;
+4. copy streams (one per peer src): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's
+   shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
+   from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
+   ``freed[me] = 1`` on src;
+5. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= 1``
    (acquire, system scope), then loads them with TMA;
-5. main stream joins the copy streams.
+6. main stream: joins the copy streams, then zeroes ``arrived`` (the next call's copy streams start after it).
+
+Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
+src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready`` signal
+to q, which q's next set of ``freed[q]`` waits for (its 4).
 """
 
 import tilescale
@@ -56,7 +66,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
 
     @T.prim_func
     def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: T.Tensor((W * chunks,), "uint64"), epoch: T.uint64, prof: Prof):
+                arrived: T.Tensor((W * chunks,), "uint64"), prof: Prof):
         with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
@@ -68,7 +78,7 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
                 if T.get_thread_binding() == 0:
                     prof[slot] = T.timestamp()
             if src != me:
-                T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=epoch)
+                T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
             if profile:
                 if T.get_thread_binding() == 0:
                     prof[slot + 1] = T.timestamp()
@@ -104,6 +114,7 @@ class AGGemm(Op):
     """
 
     NAME, KERNEL = "AGGemm", "ag_gemm"
+    GRAPH_SAFE = True     # flags set and reset on the device (module docstring): no per-call host state
 
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
                  profile: bool | None = None):
@@ -125,19 +136,30 @@ class AGGemm(Op):
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
         self.chunks = self.args[4]
-        self.a_full = [self.symmetric((M, K), dtype) for _ in range(2)]
+        self.a_full = self.symmetric((M, K), dtype)
+        self.ready = self.symmetric((W,), torch.uint64, zero=True)
+        self.freed = self.symmetric((W,), torch.uint64, zero=True)
+        self.freed.fill_(1)     # no peer reads my slot before the first call (a peer sets it only after that)
+        torch.cuda.current_stream().synchronize()
         self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=self.rt.device)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
-        # a peer of this node: a torch view of its buffer (copy-engine pulls); of another node: None (gets)
+        # a peer of this node: a torch view of its A_full (copy-engine pulls) and the addresses of its flags
+        # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
-        self._peers = [[symm.peer_tensor(a, p) if topo.same_node(p, self.rank) and p != self.rank else None
-                        for p in range(W)] for a in self.a_full]
+        near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
+        self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
+        self._flag_at = {name: [symm.get_remote_ptr(f, p) + 8 * self.rank if near[p] else f.data_ptr() + 8 * self.rank
+                                for p in range(W)] for name, f in (("ready", self.ready), ("freed", self.freed))}
+        here = {f: [f.data_ptr() + 8 * q for q in range(W)] for f in (self.ready, self.freed)}
+        self._ready_here, self._freed_here = here[self.ready], here[self.freed]
+        self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
         self.kernel, _ = self.build(fn, self.args)
         self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
         self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
 
     def gathered(self):
-        return self.a_full[self.epoch % 2]
+        """The gathered A of the last call (this op's buffer: the next call overwrites it)."""
+        return self.a_full
 
     def _validate(self, a_local, b, out) -> None:
         """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides:
@@ -155,54 +177,63 @@ class AGGemm(Op):
     def call_key(self, a_local, b, out):
         return checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)
 
-    def __call__(self, a_local, b, out=None):
-        import ctypes
+    def _signal(self, stream, flag: str, pe: int) -> None:
+        """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 3 / 4)."""
+        h = self.rt.shim
+        if self._peers[pe] is not None:    # this node: a stream write through the mapping
+            h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1)
+        else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
+            h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
+    def __call__(self, a_local, b, out=None):
         import torch
 
         self.begin(a_local, b, out)
         main = torch.cuda.current_stream()
-        self.epoch += 1
         rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K) if profiling.current is not None else None
-        e, p, W, r = self.epoch, self.epoch % 2, self.world_size, self.rank
-        a_full = self.a_full[p]
-        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)
+        W, r, shim = self.world_size, self.rank, self.rt.shim
+        a_full, m = self.a_full, main.cuda_stream
+        peers = [(r + j) % W for j in range(1, W)]
+        start = torch.cuda.Event()
+        start.record(main)                                                   # 1
+        for q in peers:                                                      # 2
+            shim.ts_stream_wait_geq_u64(m, self._freed_here[q], 1)
+            shim.ts_stream_write_u64(m, self._freed_here[q], 0)
+        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)            # 3
+        for q in peers:
+            self._signal(m, "ready", q)
         c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
-        # The barrier runs on the main stream, before the GEMM: a GEMM whose blocks spin on the GPU must
-        # not be able to take the SMs that a kernel it waits for (the barrier) would need.
-        self.rt.barrier(main)
-        evb = torch.cuda.Event()
-        evb.record(main)
         step = self.rows // self.chunks
-        shim = self.rt.shim
-        for j in range(1, W):
-            src = (r + j) % W
-            s = self.streams[j - 1]
-            s.wait_event(evb)
+        for j, src in enumerate(peers):                                      # 4
+            s = self.streams[j]
+            s.wait_event(start)
+            h = s.cuda_stream
             with torch.cuda.stream(s):
                 if rec is not None:
                     rec.copies_begin(s, src)
+                shim.ts_stream_wait_geq_u64(h, self._ready_here[src], 1)
+                shim.ts_stream_write_u64(h, self._ready_here[src], 0)
                 lo = src * self.rows
                 for ch in range(self.chunks):
                     rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                    peer = self._peers[p][src]
+                    peer = self._peers[src]
                     if peer is not None:
                         a_full[rows].copy_(peer[rows], non_blocking=True)
                     else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
                         chunk = a_full[rows]
-                        shim.ts_getmem_on_stream(ctypes.c_void_p(chunk.data_ptr()), ctypes.c_void_p(chunk.data_ptr()),
-                                                 chunk.nbytes, src, ctypes.c_void_p(s.cuda_stream))
-                    shim.ts_stream_write_u64(ctypes.c_void_p(s.cuda_stream),
-                                             ctypes.c_void_p(self.arrived[src * self.chunks + ch:].data_ptr()), e)
+                        shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
+                    shim.ts_stream_write_u64(h, self._arrived_at[src * self.chunks + ch], 1)
                     if rec is not None:
                         rec.copy_done(s, src, ch, a_full[rows].nbytes)
-        if rec is None:
-            self.kernel.launch(a_full, b, c, self.arrived, e)
+                self._signal(h, "freed", src)
+        if rec is None:                                                      # 5
+            self.kernel.launch(a_full, b, c, self.arrived)
         else:  # LAUNCH (+ KERNEL, and WAIT/TILE from the instrumented kernel) events, then the call ends
             rec.launcher(self.kernel, instrumented=self.kernel_prof, tiles=self.tiles, end=True)(a_full, b, c,
-                                                                                                self.arrived, e)
-        for s in self.streams[:W - 1]:
+                                                                                                self.arrived)
+        for s in self.streams[:W - 1]:                                       # 6
             main.wait_stream(s)
+        self.arrived.zero_()
         return c
 
 
@@ -227,7 +258,7 @@ def ag_gemm(a_local, b, *, return_gathered: bool = False):
 
     Any number of rows: a shard whose rows are not a multiple of 128 runs as a shard padded with zero rows
     (one copy of the shard), whose results are dropped (one copy of C). ``return_gathered=True`` returns
-    ``(c, all_gather(a_local))`` (the gathered A, a copy: the op's buffer is reused two calls later)."""
+    ``(c, all_gather(a_local))`` (the gathered A, a copy: the op's buffer is reused by its next call)."""
     from .. import runtime
 
     _fn_check((checks.signature(a_local), checks.signature(b)), _validate_fn, a_local, b)

@@ -12,10 +12,11 @@ layout); the steps around them are written once, here:
    (:func:`~tilescale.ops.direct_launch.direct_entry`);
 3. every call starts with :meth:`Op.begin`: run the call checks (``_validate``, agreed across ranks once
    per argument signature) and order a change of the current stream after the previous call's
-   (:class:`~tilescale.ops.checks.StreamOrder`). The collectives (``GRAPH_SAFE``) count their calls on the
-   device (:meth:`Op.call_counters`, ``T.call_number``: receive buffers are double-buffered by its parity),
-   so they may be captured in a CUDA graph (:mod:`.capture`: no stream-order change during capture); the
-   ops that count calls on the host (``self.epoch``: the fused ones) refuse capture;
+   (:class:`~tilescale.ops.checks.StreamOrder`). Every op of tilescale is ``GRAPH_SAFE``: no per-call state
+   on the host (the collectives and GEMM+RS count calls on the device, :meth:`Op.call_counters` and
+   ``T.call_number``, their buffers double-buffered by its parity; AG+GEMM's flags are set and reset on the
+   device), so calls may be captured in a CUDA graph (:mod:`.capture`: no stream-order change during
+   capture); an op that is not (``GRAPH_SAFE = False``, the default of a new op) refuses capture;
 4. the launch: :meth:`Op.launch_direct` with raw pointers when the tensors are as the kernel wants them
    (one ctypes call), else the checked ``kernel.launch`` on staged copies (:meth:`Op.scratch`: padded
    scratch tensors owned by the op).
@@ -49,7 +50,7 @@ class Op:
         back until every rank has learnt whether all passed equal `args` (the raw arguments) and whether
         any rank's checks failed: then every rank raises, or none does. Construction during CUDA graph
         capture is refused the same way (agreed: :func:`.capture.construction_error`). Sets up the call
-        checks, the stream order and the host's call count (``epoch``: the ops that are not ``GRAPH_SAFE``)."""
+        checks and the stream order."""
         from .. import runtime
 
         self.rt = runtime.current()
@@ -63,7 +64,6 @@ class Op:
         self._order = checks.StreamOrder(self.device)
         self._stream = stream_getter()
         self._buffers, self._scratch = [], {}
-        self.epoch = 0          # calls counted on the host (the ops that are not GRAPH_SAFE)
         self.captured = False   # a call of this op was captured in a CUDA graph (replays count on the device)
 
     def symmetric(self, shape, dtype, *, zero: bool = False):

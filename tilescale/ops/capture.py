@@ -1,10 +1,11 @@
 """CUDA graph capture of tilescale's ops.
 
-A collective (``Op.GRAPH_SAFE``: AllGather, AllReduce, ReduceScatter, AllToAll, Broadcast, Reduce) counts its
-calls on the device: its kernel takes the op's call counters (one int64 word per block, local memory) and
-derives its call number e, the parity of its double buffers and every value computed from e from them
-(``T.call_number``), so a call captured in a CUDA graph sees a new e on every replay, and replays and eager
-calls may be interleaved in any order. What a capture needs, and what the ops do:
+Every op of tilescale (``Op.GRAPH_SAFE``: the collectives, the hierarchical ones, AG+GEMM and GEMM+RS) keeps no
+per-call state on the host. A collective (and each kernel of GEMM+RS) counts its calls on the device: its
+kernel takes the op's call counters (one int64 word per block, local memory) and derives its call number e,
+the parity of its double buffers and every value computed from e from them (``T.call_number``), so a call
+captured in a CUDA graph sees a new e on every replay, and replays and eager calls may be interleaved in any
+order. What a capture needs, and what the ops do:
 
 * the op must exist before the capture (construction allocates symmetric memory and synchronises: it cannot
   be captured): constructing one during capture raises :class:`~tilescale.errors.GraphCaptureError` on every
@@ -17,10 +18,12 @@ calls may be interleaved in any order. What a capture needs, and what the ops do
   replay it, as every call, in the same order on every rank;
 * AllGather returns the slot of the call by the device's parity once a graph was captured (see its docstring).
 
-The fused ops (AG+GEMM, GEMM+RS) still count calls on the host: a captured call would replay with the number
-of its capture and its waits would pass at once, silently wrong. They refuse capture
-(:func:`refuse_graph_capture`), and ``tilescale.distributed`` sends captured calls of a collective whose
-kernels are not graph-safe to NCCL.
+AG+GEMM needs no count at all: its flags are set to 1 by their one writer and reset to 0 by their one reader
+(stream memory operations, tilescale/ops/allgather_gemm.py), so a replay waits for its own data.
+
+An op that kept a count on the host would replay with the number of its capture and its waits would pass at
+once, silently wrong: an op class that is not declared ``GRAPH_SAFE`` refuses capture (:func:`refusal`), and
+``tilescale.distributed`` sends captured calls of a plan whose kernels are not graph-safe (a user's plan) to NCCL.
 """
 from ..errors import GraphCaptureError
 

@@ -81,11 +81,11 @@ def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: 
 
 
 @T.macro
-def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool):
-    """``C[rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
-    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma into the
-    accumulator, then the tile through shared memory to C (a TMA store; plain vector stores by every
-    thread with `disable_tma`)."""
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
+    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers` (`c_rb` None: `rb`): TMA loads of A and B tiles in a `stages`-deep pipeline over K,
+    wgmma into the accumulator, then the tile through shared memory to C (a TMA store; plain vector stores
+    by every thread with `disable_tma`)."""
     block_m, block_k = As.shape
     block_n = Bs.shape[1]
     T.clear(Cl)
@@ -94,7 +94,7 @@ def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool):
         T.copy(B[ko * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
     T.copy(Cl, Cs)
-    T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
+    T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n], disable_tma=disable_tma)
 
 
 def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:

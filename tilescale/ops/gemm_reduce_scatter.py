@@ -13,7 +13,10 @@ and sums it in fp32, while the GEMM goes on. A rank of this node is read over NV
 peer mapping); a rank of another node (``TILESCALE_NODE_SIZE`` included) with NVSHMEM: its count polled
 with atomic fetches, its rows fetched with a get into a symmetric staging tile, summed from there.
 
-Signal protocol of one call (epoch e = 1, 2, ...; partials double-buffered by e % 2):
+Signal protocol of one call. Its call number e = 1, 2, ... is counted on the device by each kernel
+(``T.call_number``: both kernels run once per call, so both count the same e), and the partials are
+double-buffered by e % 2 (``P`` holds both: rows ``(e % 2) * M + ...``): a call captured in a CUDA graph
+sees a new e on every replay, and replays and eager calls may be interleaved.
 
 1. GEMM (main stream): every thread that stored part of a tile of row block rb into ``P[e % 2]`` adds
    1 to ``done[rb]`` (release, system scope); a row block is complete at ``e * threads * tiles_n``;
@@ -30,7 +33,7 @@ import tilescale
 import tilescale.language as T
 
 from . import checks, op_cache, vectors
-from .base import Op
+from .base import Op, _capturing
 from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
 
 __all__ = ["GemmRS", "gemm_rs"]
@@ -44,14 +47,19 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
     tiles_m = M // block_m
     tiles_per_rank = tiles_m // W
 
+    tiles_n = -(-N // block_n)
+
     @T.prim_func
-    def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((M, N), dtype),
-                     done: T.Tensor((tiles_m,), "uint64")):
-        with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
+    def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((2 * M, N), dtype),
+                     done: T.Tensor((tiles_m,), "uint64"), counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER)):
+        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
             Xs, Ws, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+            e = T.call_number(counters)
+            p = T.cast(e % 2, "int32")                        # this call's half of P
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
-            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, True)   # vector stores by every thread...
+            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, True, c_rb=p * tiles_m + rb)  # vector stores by
+            # every thread...
             T.atom_add(done[rb], 1, scope="sys", sem="release")       # ...each released by its thread
 
     return gemm_rs_gemm
@@ -68,11 +76,13 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
     units = tiles_per_rank * col_tiles
 
     @T.prim_func
-    def gemm_rs_reduce(P: T.Tensor((M, N), dtype), done: T.Tensor((M // block_m,), "uint64"),
+    def gemm_rs_reduce(P: T.Tensor((2 * M, N), dtype), done: T.Tensor((M // block_m,), "uint64"),
                        C: T.Tensor((rows, N), dtype), staging: T.Tensor((blocks, block_m, col_tile), dtype),
-                       epoch: T.uint64):
+                       counters: T.Tensor((blocks,), vectors.COUNTER)):
         with T.Kernel(blocks, threads=threads) as bid:
             acc = T.alloc_fragment((block_m, col_tile), "float32")
+            e = T.call_number(counters)
+            p0 = T.cast(e % 2, "int32") * M                   # this call's half of P
             me = T.get_rank()
             tx = T.get_thread_binding()
             for u in T.serial(T.ceildiv(units, blocks)):
@@ -81,19 +91,19 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
                     t = unit // col_tiles
                     c0 = (unit % col_tiles) * col_tile
                     rb = me * tiles_per_rank + t
+                    r0 = p0 + rb * block_m                    # its rows in this call's half of P
                     T.clear(acc)
                     for j in T.serial(W):
                         s = (me + 2 * W - 1 - j) % W          # rank-1, rank-2, ..., rank
                         if tx == 0:
-                            T.wait_until(done[rb], cmp="ge", value=epoch * per_block, src_pe=s)
+                            T.wait_until(done[rb], cmp="ge", value=e * per_block, src_pe=s)
                         T.sync_threads()
                         if T.peer_reachable(P, pe=s):          # this node: loads through the mapping
                             Ps = T.remote(P, pe=s)
                             for i, k in T.Parallel(block_m, col_tile):
-                                acc[i, k] += Ps[rb * block_m + i, c0 + k]
+                                acc[i, k] += Ps[r0 + i, c0 + k]
                         else:                                  # another node: an NVSHMEM get, then local loads
-                            T.get_block(P[rb * block_m:(rb + 1) * block_m, c0:c0 + col_tile], staging[bid, :, :],
-                                        src_pe=s)
+                            T.get_block(P[r0:r0 + block_m, c0:c0 + col_tile], staging[bid, :, :], src_pe=s)
                             for i, k in T.Parallel(block_m, col_tile):
                                 acc[i, k] += staging[bid, i, k]
                     T.copy(acc, C[t * block_m, c0])
@@ -118,6 +128,7 @@ class GemmRS(Op):
     """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct."""
 
     NAME, KERNEL = "GemmRS", "gemm_rs"
+    GRAPH_SAFE = True     # both kernels count calls on the device (module docstring)
 
     def __init__(self, M: int, N: int, K_local: int, dtype, *, reduce_blocks: int = 20,
                  config: GemmConfig | None = None):
@@ -137,7 +148,7 @@ class GemmRS(Op):
                 M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config)
         self.block_m = self.gemm_args[5]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
-        self.P = [self.symmetric((M, N), dtype) for _ in range(2)]
+        self.P = self.symmetric((2 * M, N), dtype)     # the partials of even calls, then of odd ones
         self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
         # where a peer's partial rows land before they are summed, for peers on other nodes (an NVSHMEM get's
         # local buffer must be symmetric, i.e. registered, to cross a network)
@@ -146,6 +157,9 @@ class GemmRS(Op):
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
+        tiles = (M // self.block_m) * -(-N // self.gemm_args[6])
+        self.gemm_counters = self.call_counters(tiles)
+        self.reduce_counters = self.call_counters(blocks)
 
     def _validate(self, x, w, out) -> None:
         """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
@@ -167,16 +181,15 @@ class GemmRS(Op):
 
         self.begin(x, w, out)
         main = torch.cuda.current_stream()
-        self.epoch += 1
-        P = self.P[self.epoch % 2]
         c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
                                                     device=x.device)
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
-            self.reduce.launch(P, self.done, c, self.staging, self.epoch)
-        self.gemm.launch(x, w, P, self.done)
+            self.reduce.launch(self.P, self.done, c, self.staging, self.reduce_counters)
+        self.gemm.launch(x, w, self.P, self.done, self.gemm_counters)
         main.wait_stream(self.stream)
-        c.record_stream(self.stream)
+        if not _capturing():    # (a graph's memory is its own pool: nothing to tell the allocator)
+            c.record_stream(self.stream)
         return c
 
 

@@ -36,8 +36,8 @@ one after the other (correct, not overlapped) and say so on the debug log (``TIL
 
 Async-TP drop-ins on these operators: :mod:`tilescale.ops.async_tp`.
 
-CUDA graph capture: the collectives' operators may be captured and replayed (they count calls on the device);
-the fused ones (``ag_gemm``, ``gemm_rs``) refuse it (see tilescale.ops.capture).
+CUDA graph capture: every operator may be captured and replayed, forward and backward (no per-call state on the
+host: see tilescale.ops.capture); make one eager call with the same shapes first, which builds the ops.
 """
 import logging
 import sys

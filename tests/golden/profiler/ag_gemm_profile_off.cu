@@ -19,8 +19,8 @@
 #include <tl_templates/cuda/cuda_bf16_fallbacks.cuh>
 #endif
 
-extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, uint64_t epoch);
-extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, uint64_t epoch) {
+extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived);
+extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* Bs = ((void*)((char*)buf_dyn_shmem + 0));
   void* Cs = ((void*)((char*)buf_dyn_shmem + 0));
@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   const dim3 blockIdx = tl::rasterization2DRow<10>();
   int me = nvshmem_my_pe();
   if ((((((int)blockIdx.y) >> 4) + me) & 1) != me) {
-    tilescale::wait_until<unsigned long long>((&(arrived[(((((((int)blockIdx.y) >> 4) + me) & 1) * 4) + ((((int)blockIdx.y) & 15) >> 2))])), 3, epoch, <site>);
+    tilescale::wait_until<unsigned long long>((&(arrived[(((((((int)blockIdx.y) >> 4) + me) & 1) * 4) + ((((int)blockIdx.y) & 15) >> 2))])), 3, (uint64_t)1, <site>);
   }
   if (((int)threadIdx.x) < 128) {
     tl::warpgroup_reg_dealloc<24>();
