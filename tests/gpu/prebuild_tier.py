@@ -42,6 +42,9 @@ def jit_jobs(world_size: int) -> list:
             jobs.append((allgather_kernel, (world_size, bpp, dt)))
         jobs += prebuild.ag_gemm_jobs([(1024 * world_size, 2048, 1024)], world_size, dt)   # (M, K, N) of its test
         jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt)
+    fg = importlib.import_module("fused_graphs_main")                   # tests/test_fused_graphs_gpu.py
+    jobs += prebuild.ag_gemm_jobs([(fg.ROWS * world_size, fg.K, fg.N)], world_size)
+    jobs += prebuild.gemm_rs_jobs([(fg.ROWS * world_size, fg.K * world_size, fg.N)], world_size)
     jobs += importlib.import_module("example_tp_mlp").collective_jobs(world_size, 256, 1024)
     jobs += importlib.import_module("example_tp_layer").fused_jobs(world_size, 200, 512, 1024)
     jobs += importlib.import_module("gemm_configs_main").jobs(world_size)
