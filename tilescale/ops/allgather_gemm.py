@@ -19,20 +19,24 @@ NVSHMEM's on-stream signal (an add) for a rank of another node. ``ready[q]`` (sy
 slot of its ``A_full`` holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my
 slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): that chunk is here.
 
-1. main stream: an event that the copy streams wait for (they overwrite rows the last call's GEMM read);
-2. main stream: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set it to 0;
-3. main stream: copy A_local into my slot of ``A_full`` (symmetric), then set ``ready[me] = 1`` on every peer;
-4. copy streams (one per peer src): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's
+1. main stream: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set it to 0;
+2. main stream: copy A_local into my slot of ``A_full`` (symmetric), then set ``ready[me] = 1`` on every peer;
+3. main stream: wait until ``ready[q] >= 1`` for every peer q (every slot holds this call's shard), then an
+   event that the copy streams wait for. The GEMM starts after this: a pull from a rank on the same GPU
+   (ranks sharing one) is a copy kernel, which would find every SM taken by the GEMM's waiting tiles if the
+   GEMM were launched before the pull could start;
+4. copy streams (one per peer src), after that event: set ``ready[src]`` to 0; for each chunk of src's
    shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
    from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
    ``freed[me] = 1`` on src;
 5. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= 1``
    (acquire, system scope), then loads them with TMA;
-6. main stream: joins the copy streams, then zeroes ``arrived`` (the next call's copy streams start after it).
+6. main stream: joins the copy streams, then zeroes ``arrived`` (the next call's copy streams start after
+   its step 3, so after this).
 
 Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
-src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready`` signal
-to q, which q's next set of ``freed[q]`` waits for (its 4).
+src's next set of ``ready[src]`` waits for (its 1, 2); my reset of ``freed[q]`` (1) precedes my ``ready``
+signal to q, which q's next set of ``freed[q]`` waits for (its 3, 4).
 """
 
 import tilescale
@@ -178,7 +182,7 @@ class AGGemm(Op):
         return checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)
 
     def _signal(self, stream, flag: str, pe: int) -> None:
-        """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 3 / 4)."""
+        """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 2 / 4)."""
         h = self.rt.shim
         if self._peers[pe] is not None:    # this node: a stream write through the mapping
             h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1)
@@ -194,24 +198,25 @@ class AGGemm(Op):
         W, r, shim = self.world_size, self.rank, self.rt.shim
         a_full, m = self.a_full, main.cuda_stream
         peers = [(r + j) % W for j in range(1, W)]
-        start = torch.cuda.Event()
-        start.record(main)                                                   # 1
-        for q in peers:                                                      # 2
+        for q in peers:                                                      # 1
             shim.ts_stream_wait_geq_u64(m, self._freed_here[q], 1)
             shim.ts_stream_write_u64(m, self._freed_here[q], 0)
-        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)            # 3
+        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)            # 2
         for q in peers:
             self._signal(m, "ready", q)
+        for q in peers:                                                      # 3
+            shim.ts_stream_wait_geq_u64(m, self._ready_here[q], 1)
+        gate = torch.cuda.Event()
+        gate.record(main)
         c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
         step = self.rows // self.chunks
         for j, src in enumerate(peers):                                      # 4
             s = self.streams[j]
-            s.wait_event(start)
+            s.wait_event(gate)
             h = s.cuda_stream
             with torch.cuda.stream(s):
                 if rec is not None:
                     rec.copies_begin(s, src)
-                shim.ts_stream_wait_geq_u64(h, self._ready_here[src], 1)
                 shim.ts_stream_write_u64(h, self._ready_here[src], 0)
                 lo = src * self.rows
                 for ch in range(self.chunks):
