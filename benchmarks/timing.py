@@ -1,7 +1,10 @@
-"""Timing of distributed ops: CUDA events per rank, the slowest rank reported; tables and JSON."""
+"""Timing of distributed ops: CUDA events per rank, the slowest rank reported; host time per call
+(:func:`host_us_per_call`, :func:`host_stats`); tables and JSON."""
 import json
+import math
 import os
 import statistics
+import time
 
 
 def time_op(fn, warmup: int = 5, iters: int = 20, repeats: int = 3) -> float:
@@ -30,6 +33,69 @@ def time_op(fn, warmup: int = 5, iters: int = 20, repeats: int = 3) -> float:
     t = torch.tensor([statistics.median(res)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def host_us_per_call(fn, calls: int = 1000, batch: int = 20, warmup: int = 2, sync=None) -> list[float]:
+    """Host microseconds of each of `calls` calls of `fn` (rounded up to whole batches), in call order: the wall
+    time of the Python call alone (``time.perf_counter_ns`` around it), the calls made in batches of `batch`
+    with `sync` (default ``torch.cuda.synchronize``) between batches, outside the timed calls, so that the GPU
+    queue never holds more than one batch (a call never waits for room in it). `warmup` batches first, not
+    kept."""
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    if calls < 1 or batch < 1:
+        raise ValueError(f"calls and batch: got {calls} and {batch}, expected >= 1")
+    clock = time.perf_counter_ns
+    out: list[int] = []
+    for b in range(warmup + math.ceil(calls / batch)):
+        sync()
+        times = []
+        for _ in range(batch):
+            t0 = clock()
+            fn()
+            t1 = clock()
+            times.append(t1 - t0)
+        if b >= warmup:
+            out += times
+    sync()
+    return [t / 1e3 for t in out]
+
+
+def quantile(samples, q: float) -> float:
+    """The `q` quantile (0..1) of `samples`, interpolated linearly between the closest ranks (numpy's default)."""
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("quantile of no samples")
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def host_stats(samples, batch: int | None = None) -> dict:
+    """Median, p10, p90 of per-call host times (in call order); ``growth``: the median of the last quarter of the
+    calls over that of the first quarter (does host time grow with the number of calls?); with `batch` (the
+    batch size they were taken in), ``last_in_batch``: the median of the calls last in their batch over that of
+    the calls first in it (well above 1: the calls waited for room in the GPU queue)."""
+    n = len(samples)
+    q = max(1, n // 4)
+    out = dict(n=n, median=quantile(samples, 0.5), p10=quantile(samples, 0.1), p90=quantile(samples, 0.9),
+               first_quarter=statistics.median(samples[:q]), last_quarter=statistics.median(samples[-q:]))
+    out["growth"] = out["last_quarter"] / out["first_quarter"] if out["first_quarter"] > 0 else float("nan")
+    if batch and batch > 1 and n >= batch:
+        first = statistics.median(samples[0::batch])
+        last = statistics.median(samples[batch - 1::batch])
+        out["last_in_batch"] = last / first if first > 0 else float("nan")
+    return out
+
+
+def target_status(value: float, target: float | None) -> str:
+    """MET / MISSED for a value that must be at most `target` ("-" without a target)."""
+    if target is None:
+        return "-"
+    return "MET" if value <= target else "MISSED"
 
 
 def fmt_bytes(n: int) -> str:

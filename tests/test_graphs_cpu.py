@@ -6,6 +6,7 @@ slot by the device's parity, tilescale.distributed's routing of captured calls, 
 eager call. The GPU side (1,000 replays against references): tests/gpu/graphs_main.py."""
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
 from tilescale.ops import reduce_to_root as reduce  # noqa: E402
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_codegen import kernel_function, lower_source  # noqa: E402
 
 KERNELS = {   # every collective's kernel: (jit function, args, blocks of its grid)
@@ -308,3 +309,55 @@ def test_eager_call_does_no_new_host_work(monkeypatch):
     assert launched[-1] == (x.data_ptr(), out.data_ptr(), 1, 2, 3, 4, 7)   # no epoch: the counters are in _ptrs
     assert sorted(names) == sorted(["__call__", "begin", "<lambda>", "call_key", "ordered_stream", "<lambda>",
                                     "launch_vectors", "launch_direct", "<lambda>"]), names
+
+
+def test_python_calls_counts_the_entries_into_tilescale_of_an_eager_call(monkeypatch):
+    """testing.PythonCalls, the count behind graphs_main's and bench_host's 'replays run no tilescale Python': an
+    eager AllGather call enters tilescale's functions (counted; this file's mocks are not), a call outside
+    tilescale counts nothing, the counter's own __exit__ is not counted, and the previous profile function is
+    restored."""
+    from tilescale import testing
+    from tilescale.profiler import session as profiling
+
+    monkeypatch.setattr(profiling, "current", None)
+    launched = []
+    ag = _op(allgather.AllGather, monkeypatch, False, shape=(4,), dtype=torch.float32, n=4, calls=0,
+             _direct=(lambda *a: launched.append(a) or 0, None), _ptrs=(1, 2, 3))
+    ag._order.handle = 7
+    ag.buffers = (torch.zeros(8), torch.zeros(8))
+    x = torch.zeros(4)
+    ag(x)                                                # first call: agrees on the signature
+    with testing.PythonCalls() as calls:
+        ag(x)
+    assert len(launched) == 2
+    assert calls.functions == {"allgather.py:__call__": 1, "base.py:begin": 1, "base.py:call_key": 1,
+                               "base.py:ordered_stream": 1, "base.py:launch_direct": 1}, calls.functions
+    assert calls.count == 5 and "allgather.py:__call__ x1" in calls.top()
+
+    def outside():
+        return sum(range(3))
+
+    before = sys.getprofile()
+    with testing.PythonCalls() as none:
+        outside()
+        torch.zeros(2).add_(1)
+    assert none.count == 0 and none.functions == {} and none.top() == "none"
+    assert sys.getprofile() is before
+
+    seen = []
+
+    def outer(frame, event, arg):
+        seen.append(event)
+
+    sys.setprofile(outer)
+    try:
+        with testing.PythonCalls() as inner:
+            testing.ranks_per_gpu_for(4, 2)              # a tilescale function: one entry
+        assert sys.getprofile() is outer                 # restored
+    finally:
+        sys.setprofile(None)
+    assert inner.count == 1 and inner.functions == {"testing.py:ranks_per_gpu_for": 1}
+    elsewhere = testing.PythonCalls(root=Path(__file__).parent)   # another root: this file's functions
+    with elsewhere:
+        outside()
+    assert elsewhere.functions == {"test_graphs_cpu.py:outside": 1}

@@ -1,7 +1,8 @@
 """GPU tier: CUDA graphs of the collectives on 2 and 4 ranks (tests/gpu/graphs_main.py): 1,000 replays of a
 captured AllGather x3 + AllReduce + ReduceScatter step with new inputs and poisoned outputs, a second graph of
-AllToAll, Broadcast, Reduce and AllReduce x2, eager calls between replays, and captured tilescale.distributed
-calls served by tilescale. The CPU side: tests/test_graphs_cpu.py."""
+AllToAll, Broadcast, Reduce and AllReduce x2, eager calls between replays, 100 replays of a captured AllGather
+of 1 MiB per rank that enter no Python function of tilescale (eager calls of it do), and captured
+tilescale.distributed calls served by tilescale. The CPU side: tests/test_graphs_cpu.py."""
 import re
 from pathlib import Path
 
@@ -23,3 +24,6 @@ def test_collectives_replay_from_cuda_graphs(nranks):
     assert replays == [1000] * nranks, out[-4000:]
     assert out.count("OK: graphs: graph 2") == nranks, out[-4000:]
     assert out.count("OK: graphs: tilescale.distributed calls captured") == nranks, out[-4000:]
+    # replays of a captured AllGather of 1 MiB enter no Python function of tilescale (eager calls do)
+    assert len(re.findall(r"OK: graphs: a captured AllGather of 1 MiB per rank replayed 100 times with no Python "
+                          r"call into tilescale", out)) == nranks, out[-4000:]

@@ -57,6 +57,45 @@ def say(text: str) -> None:
     os.write(sys.stdout.fileno(), (text + "\n").encode())
 
 
+class PythonCalls:
+    """``with PythonCalls() as calls: ...``: counts the Python function entries of this thread, inside the block,
+    whose code lies under `root` (default: the tilescale package), by ``sys.setprofile`` (restored after).
+    ``calls.count``; ``calls.functions``: how many entries per ``file:function``. Not counted: other threads'
+    calls (the watchdog's polls), code outside `root` (torch's ``graph.replay()``), C functions, and this
+    class's own ``__exit__``. How tests/gpu/graphs_main.py and benchmarks/bench_host.py show that replaying a
+    captured AllGather runs no tilescale host code (zero entries), where an eager call runs several."""
+
+    def __init__(self, root: str | Path | None = None):
+        here = Path(root) if root is not None else Path(__file__).parent
+        # as the code objects name their files (the import path), and resolved (symbolic links)
+        self.roots = tuple({os.path.join(str(here), ""), os.path.join(str(here.resolve()), "")})
+        self.count = 0
+        self.functions: dict[str, int] = {}
+        self._previous = None
+
+    def _hook(self, frame, event, arg) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_filename.startswith(self.roots) and code is not PythonCalls.__exit__.__code__:
+            self.count += 1
+            key = f"{Path(code.co_filename).name}:{code.co_name}"
+            self.functions[key] = self.functions.get(key, 0) + 1
+
+    def __enter__(self) -> PythonCalls:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._previous)
+
+    def top(self, n: int = 8) -> str:
+        """The `n` functions entered most often, for a message."""
+        ranked = sorted(self.functions.items(), key=lambda kv: -kv[1])[:n]
+        return ", ".join(f"{k} x{v}" for k, v in ranked) or "none"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

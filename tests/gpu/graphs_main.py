@@ -6,7 +6,9 @@ reference computed from every rank's inputs (no communication: rank r's input of
 seeded by i, the same on every rank), with eager calls of the same ops interleaved. Graph 1 (AllGather x3,
 with and without out=, AllReduce, ReduceScatter) is replayed GRAPHS_REPLAYS times (default 1000), graph 2
 (AllToAll, Broadcast, Reduce, AllReduce x2) GRAPHS_REPLAYS2 times (default 200); then captured
-tilescale.distributed calls, served by tilescale. Prints '[rank R] OK: graphs ...'. Run by
+tilescale.distributed calls, served by tilescale. Between them, a captured AllGather of 1 MiB per rank is replayed
+GRAPHS_HOST_REPLAYS times (default 100) with no Python call into tilescale (sys.setprofile), which the same
+count over as many eager calls sees (replay_host_work). Prints '[rank R] OK: graphs ...'. Run by
 tests/test_graphs_gpu.py.
 
     GPUS=2 bash launch.sh tests/gpu/graphs_main.py
@@ -229,6 +231,63 @@ def graph2(info, dev, replays):
         op.close()
 
 
+def replay_host_work(info, dev, n):
+    """A captured AllGather of 1 MiB per rank replays with no host work in tilescale: during `n` replays, each with
+    new inputs and a poisoned output and every result checked, no Python function of tilescale's modules is
+    entered on this thread (sys.setprofile: testing.PythonCalls); the same count over `n` eager calls of the op,
+    made the same way, sees at least one entry per call (so the check can fail)."""
+    import torch
+
+    rank, W = info.rank, info.world_size
+    n_ag = (1 << 20) // 4                           # 1 MiB per rank (fp32)
+    ag = tilescale.ops.AllGather((n_ag,), torch.float32)
+    ins = Inputs(n_ag, 31, W, dev)
+    x, out = torch.empty(n_ag, device=dev), torch.empty(W * n_ag, device=dev)
+
+    def fill(i):
+        a, b, c = coeffs(i)
+        ins.mine(rank, a, b, c, x)
+        out.fill_(float("nan"))
+        return a, b, c
+
+    worst = Worst(dev)
+    for i in range(3):                              # eager warm-up
+        coeff = fill(70_000_000 + i)
+        ag(x, out=out)
+        worst.add(out, ins.gathered(*coeff))
+    torch.cuda.synchronize()
+    tilescale.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode=MODE):
+        ag(x, out=out)
+
+    def counted(call, seed):
+        with testing.PythonCalls() as calls:
+            for i in range(n):
+                coeff = fill(seed + i)
+                call()
+                worst.add(out, ins.gathered(*coeff))
+        return calls
+
+    replayed = counted(graph.replay, 80_000_000)
+    eager = counted(lambda: ag(x, out=out), 90_000_000)
+    torch.cuda.synchronize()
+    worst.check(f"captured AllGather 1 MiB ({n} replays, {n} eager calls)", rank, F32_TOL)
+    if replayed.count:
+        raise AssertionError(f"[rank {rank}] {replayed.count} Python calls into tilescale during {n} replays of a "
+                             f"captured AllGather (expected none): {replayed.top()}")
+    if eager.count < n:
+        raise AssertionError(f"[rank {rank}] the count saw {eager.count} Python calls into tilescale during {n} eager "
+                             f"calls of AllGather (expected at least one per call): it cannot see a replay's either")
+    got, expected = ag.counters.tolist(), 3 + 2 * n     # the device counted every call, replays included
+    if set(got) != {expected}:
+        raise AssertionError(f"[rank {rank}] AllGather's call counters {sorted(set(got))}, expected {expected}")
+    testing.say(f"[rank {rank}] OK: graphs: a captured AllGather of 1 MiB per rank replayed {n} times with no Python "
+                f"call into tilescale ({eager.count} in {n} eager calls: {eager.top(4)}), {worst.n} results checked")
+    del graph
+    ag.close()
+
+
 def distributed_calls(info, dev, replays):
     """torch.distributed calls through tilescale.distributed (every built-in plan preferred), captured: served
     by tilescale's kernels, not NCCL (which the shared-GPU mode does not have), and correct on replay."""
@@ -301,6 +360,7 @@ def run(info):
     t0 = time.time()
     graph1(info, dev, r1)
     graph2(info, dev, r2)
+    replay_host_work(info, dev, int(os.environ.get("GRAPHS_HOST_REPLAYS", "100")))
     distributed_calls(info, dev, 50)
     testing.say(f"[rank {info.rank}] OK: graphs on {info.world_size} ranks ({time.time() - t0:.0f} s)")
 

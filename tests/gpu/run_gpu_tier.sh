@@ -4,7 +4,9 @@
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks1,ranks2,ranks4 # the same parts, named: one-GPU tests, 2 ranks, 4 ranks
 #   bash tests/gpu/run_gpu_tier.sh OUTDIR ranks4@1/2          # half 1 of world size 4's tests (a part that fits one
 #                                                             # GPU command of 10 minutes; ranks4@2/2 the rest)
-#   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused  # the benchmarks
+#   bash tests/gpu/run_gpu_tier.sh OUTDIR build_modes,allgather,put_bw,fused,host  # the benchmarks
+#   (host: host time per eager call of the ops and a captured AllGather's replays, benchmarks/bench_host.py, on
+#   HOST_RANKS ranks, default the GPUs found, sharing GPUs when there are fewer: HOST_RANKS=2 on one GPU)
 #   ... collectives,profile,soak,soak_all,gemm_configs (SOAK_ITERS=N shortens the soaks; soak_all: every op on
 #   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer; SOAK_OPS=a,b a subset, to split it over
 #   several commands: on one shared GPU a call takes ~7 ms, so 10,000 calls of every op take ~10 minutes;
@@ -36,7 +38,7 @@ step() {  # step NAME SECONDS CMD...
   local rc=$?
   summary+=("$name: rc=$rc in $((SECONDS - t0)) s")
   echo "--- $name (rc=$rc, $((SECONDS - t0)) s)"
-  grep -a -E "^\| |MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
+  grep -a -E "^\| |^mode:|MET|MISSED|target|PASS|FAIL|passed|failed|error|Error" "$OUTD/$name.log" | grep -v "INFO\]" | tail -40
 }
 tier_part() {  # tier_part N I K NAME: the gpu / multigpu tests of world size N (shard I of K), in a pytest of its own
   local n=$1 i=$2 k=$3 name=$4 t0=$SECONDS rc
@@ -111,9 +113,12 @@ for what in ${WHAT//,/ }; do
              step soak_collectives 560 env GPUS="$sr" ${rpg:+TILESCALE_RANKS_PER_GPU="$rpg"} bash launch.sh \
              benchmarks/soak_collectives.py --json "$OUTD/soak_all.json" --budget-s 480 \
              ${SOAK_ITERS:+--iters "$SOAK_ITERS"} ${SOAK_OPS:+--ops "$SOAK_OPS"} ;;
+    host) hr=${HOST_RANKS:-$NG}; rpg=""; [ "$NG" -gt 0 ] && [ "$hr" -gt "$NG" ] && rpg=$(( (hr + NG - 1) / NG ))
+             step bench_host 420 env GPUS="$hr" ${rpg:+TILESCALE_RANKS_PER_GPU="$rpg"} bash launch.sh \
+             benchmarks/bench_host.py --json "$OUTD/host.json" ;;
     gemm_configs) step bench_gemm_configs 300 env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py \
              --json "$OUTD/gemm_configs.json" ;;
-    *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, soak_all, gemm_configs)"; exit 2 ;;
+    *) echo "unknown step $what (tests, ranks1, ranks2, ranks4, build_modes, allgather, put_bw, fused, collectives, profile, soak, soak_all, gemm_configs, host)"; exit 2 ;;
   esac
 done
 echo "== summary"; printf '%s\n' "${summary[@]}"
