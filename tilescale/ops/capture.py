@@ -1,10 +1,11 @@
 """CUDA graph capture of tilescale's ops.
 
-A collective (``Op.GRAPH_SAFE``: AllGather, AllReduce, ReduceScatter, AllToAll, Broadcast, Reduce) counts its
-calls on the device: its kernel takes the op's call counters (one int64 word per block, local memory) and
-derives its call number e, the parity of its double buffers and every value computed from e from them
-(``T.call_number``), so a call captured in a CUDA graph sees a new e on every replay, and replays and eager
-calls may be interleaved in any order. What a capture needs, and what the ops do:
+A collective (``Op.GRAPH_SAFE``: AllGather, AllReduce, ReduceScatter, AllToAll, Broadcast, Reduce, and the
+hierarchical AllGatherHierarchical and ReduceScatterHierarchical) counts its calls on the device: its kernel
+takes the op's call counters (one int64 word per block, local memory) and derives its call number e, the
+parity of its double buffers and every value computed from e from them (``T.call_number``), so a call
+captured in a CUDA graph sees a new e on every replay, and replays and eager calls may be interleaved in any
+order. What a capture needs, and what the ops do:
 
 * the op must exist before the capture (construction allocates symmetric memory and synchronises: it cannot
   be captured): constructing one during capture raises :class:`~tilescale.errors.GraphCaptureError` on every
@@ -15,7 +16,8 @@ calls may be interleaved in any order. What a capture needs, and what the ops do
   ``torch.cuda.graph`` synchronises the device before it captures, and orders its stream itself;
 * replay a graph on the stream that the eager calls of its ops use (or order the two streams yourself), and
   replay it, as every call, in the same order on every rank;
-* AllGather returns the slot of the call by the device's parity once a graph was captured (see its docstring).
+* AllGather and AllGatherHierarchical return the slot of the call by the device's parity once a graph was
+  captured (:class:`~tilescale.ops.base.DoubleBuffered`).
 
 The fused ops (AG+GEMM, GEMM+RS) still count calls on the host: a captured call would replay with the number
 of its capture and its waits would pass at once, silently wrong. They refuse capture
