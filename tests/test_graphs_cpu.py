@@ -1,9 +1,10 @@
 """CUDA graphs on CPU (tilescale/ops/capture.py): the device call counter ``T.call_number`` (lowering and
-errors), every collective's kernel counting its calls on the device (no epoch scalar left), the fused ops'
-kernels (GEMM+RS counting on the device, AG+GEMM's flags set to 1), capture refused by an op that counts on
-the host and by construction, accepted by the collectives and fused ops without stream-order changes, AllGather's
-slot by the device's parity, tilescale.distributed's routing of captured calls, and no new host work per
-eager call. The GPU side (1,000 replays against references): tests/gpu/graphs_main.py."""
+errors), every collective's kernel counting its calls on the device (no epoch scalar left; the hierarchical
+ones included), the fused ops' kernels (GEMM+RS counting on the device, AG+GEMM's flags set to 1), capture
+refused by an op that counts on the host and by construction, accepted by the collectives and fused ops without
+stream-order changes, the slot of AllGather and AllGatherHierarchical by the device's parity, tilescale.distributed's
+routing of captured calls, and no new host work per eager call. The GPU side (1,000 replays against references):
+tests/gpu/graphs_main.py, tests/gpu/fused_graphs_main.py; the hierarchical AllGather's: tests/gpu/hierarchical_main.py."""
 import re
 import sys
 from pathlib import Path
@@ -17,8 +18,10 @@ import tilescale.language as T  # noqa: E402
 from tilescale import errors  # noqa: E402
 from tilescale.ops import all_to_all, allgather, allreduce, base, capture, checks, reduce_scatter  # noqa: E402
 from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
+from tilescale.ops import allgather_hierarchical as agh  # noqa: E402
 from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
+from tilescale.ops import reduce_scatter_hierarchical as rsh  # noqa: E402
 from tilescale.ops import reduce_to_root as reduce  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,9 +35,12 @@ KERNELS = {   # every collective's kernel: (jit function, args, blocks of its gr
     "all_to_all": (all_to_all.all_to_all_kernel, (4, 4), 16),
     "broadcast": (broadcast.broadcast_kernel, (4, 8), 8),
     "reduce": (reduce.reduce_kernel, (4, 16, "bfloat16"), 16),
+    "allgather_hierarchical": (agh.allgather_hierarchical_kernel, (8, 2, 4, "bfloat16"), 32),
+    "reduce_scatter_hierarchical": (rsh.reduce_scatter_hierarchical_kernel, (8, 4, 16, "float16"), 16),
 }
 GRAPH_SAFE_OPS = (allgather.AllGather, allreduce.AllReduce, reduce_scatter.ReduceScatter, all_to_all.AllToAll,
-                  broadcast.Broadcast, reduce.Reduce)
+                  broadcast.Broadcast, reduce.Reduce, agh.AllGatherHierarchical, rsh.ReduceScatterHierarchical)
+SLOTTED = (allgather.AllGather, agh.AllGatherHierarchical)   # a call's result is one of two slots
 
 
 
@@ -143,6 +149,8 @@ def test_ag_gemm_kernel_waits_for_flags_set_to_one(lowering):
 def test_graph_safety_is_declared_per_op_class():
     for cls in GRAPH_SAFE_OPS + (ag_gemm.AGGemm, gemm_rs.GemmRS):
         assert cls.GRAPH_SAFE is True, cls
+    for cls in SLOTTED:   # one implementation of the slot by the device's parity (tilescale.ops.base)
+        assert issubclass(cls, base.DoubleBuffered) and "_by_parity" not in vars(cls) and "out" not in vars(cls)
     assert base.Op.GRAPH_SAFE is False    # a new op refuses capture until it counts on the device
 
 
@@ -237,32 +245,61 @@ def test_split_sizes_refuse_capture(monkeypatch):
         all_to_all.all_to_all_single(t, t, [2, 2], [2, 2])
 
 
-# ------------------------------------------------------------------------ AllGather's slot
-def _ag(count: int):
-    ag = object.__new__(allgather.AllGather)
+# ------------------------------------------------------------- AllGather's (and the hierarchical one's) slot
+def _slotted(cls, count: int, captured: bool = True):
+    ag = object.__new__(cls)
     ag._slots = torch.stack([torch.full((4, 3), 10.0), torch.full((4, 3), 20.0)])
     ag.buffers = (ag._slots[0], ag._slots[1])
     ag.counters = torch.full((8,), count, dtype=torch.int64)
-    ag.captured, ag.calls = True, 0
+    ag.captured, ag.calls = captured, 0
     return ag
 
 
-def test_allgather_takes_the_slot_by_the_device_parity():
+@pytest.mark.parametrize("cls", SLOTTED)
+def test_allgather_takes_the_slot_by_the_device_parity(cls):
     for count, want in ((1, 10.0), (2, 20.0), (3, 10.0), (1000, 20.0)):   # call e wrote slot (e - 1) % 2
-        ag = _ag(count)
+        ag = _slotted(cls, count)
         assert ag._by_parity(None).eq(want).all()
         out = torch.zeros(4, 3)
         assert ag._by_parity(out) is out and out.eq(want).all()
         strided = torch.zeros(3, 4).t()
         assert ag._by_parity(strided).eq(want).all()
-    ag = _ag(1)
-    with pytest.raises(RuntimeError, match="out is one of this op's slots"):
+    ag = _slotted(cls, 1)
+    with pytest.raises(RuntimeError, match=rf"{cls.NAME}: out is one of this op's slots"):
         ag._by_parity(ag.buffers[1])
     for prop in ("out", "next_out"):
-        with pytest.raises(RuntimeError, match=rf"AllGather.{prop}: a call of this op was captured"):
+        with pytest.raises(RuntimeError, match=rf"{cls.NAME}.{prop}: a call of this op was captured"):
             getattr(ag, prop)
     ag.captured = False
     assert ag.next_out is ag.buffers[0] and ag.out is ag.buffers[0]
+
+
+@pytest.mark.parametrize("cls", SLOTTED)
+def test_slotted_calls_capture_and_launch_the_same_arguments(cls, monkeypatch):
+    """A call of AllGather / AllGatherHierarchical: accepted during capture; its launch passes the same arguments
+    on every call (both slots, the flags, the call counters, the size: no call number from the host); during and
+    after a capture the result is the slot of the device's parity, before it the slot of the host's count."""
+    for capturing in (False, True):
+        launched = []
+        ag = _op(cls, monkeypatch, capturing, shape=(2, 3), out_shape=(4, 3), dtype=torch.float32, n=6,
+                 _direct=(lambda *a, seen=launched: seen.append(a) or 0, None))
+        slots = _slotted(cls, 0, captured=False)
+        ag._slots, ag.buffers, ag.counters, ag.calls = slots._slots, slots.buffers, slots.counters, 0
+        ag._ptrs = (ag._slots.data_ptr(), 111, ag.counters.data_ptr())
+        ag._order.handle = 7                         # the current stream: no stream switch
+        x = torch.zeros(2, 3)
+        if not capturing:                            # eager, never captured: the host's count (calls 1, 2, 3)
+            assert ag(x) is ag.buffers[0] and ag(x) is ag.buffers[1] and ag.out is ag.buffers[1]
+            t = torch.zeros(4, 3)
+            assert ag(x, out=t) is t and t.eq(10.0).all() and ag.next_out is ag.buffers[1]
+            assert not ag.captured and len(launched) == 3
+        else:
+            for count, want in ((5, 10.0), (6, 20.0)):   # the kernel has counted the call: e = count
+                ag.counters.fill_(count)
+                got = ag(x)
+                assert ag.captured and got.data_ptr() not in (b.data_ptr() for b in ag.buffers) and got.eq(want).all()
+            assert len(launched) == 2
+        assert set(launched) == {(x.data_ptr(), ag._slots.data_ptr(), 111, ag.counters.data_ptr(), 6, 7)}, launched
 
 
 # ----------------------------------------------------------------------- tilescale.distributed
@@ -270,12 +307,10 @@ def test_distributed_captures_graph_safe_builtin_plans_only(monkeypatch):
     import tilescale.distributed as dist
     from tilescale.plan import builtin
 
-    # every built-in algorithm but the hierarchical AllGather (its op counts calls on the host: it refuses capture)
-    assert set(builtin.ALGOS) - set(builtin.GRAPH_SAFE) == {"tilescale.allgather.hierarchical"}
-    from tilescale.ops.allgather_hierarchical import AllGatherHierarchical
-    from tilescale.ops.reduce_scatter_hierarchical import ReduceScatterHierarchical
-
-    assert not AllGatherHierarchical.GRAPH_SAFE and ReduceScatterHierarchical.GRAPH_SAFE
+    # every built-in algorithm, the hierarchical ones included (their ops count calls on the device)
+    assert builtin.GRAPH_SAFE == set(builtin.ALGOS)
+    assert {"tilescale.allgather.hierarchical", "tilescale.reduce_scatter.hierarchical"} <= builtin.GRAPH_SAFE
+    assert agh.AllGatherHierarchical.GRAPH_SAFE and rsh.ReduceScatterHierarchical.GRAPH_SAFE
     assert "CUDA graph capture" not in str(dist._why_not(None, [torch.ones(4)]))
     plan = type("P", (), {"tags": frozenset({"tilescale", "builtin"}), "name": "tilescale.allreduce.one_shot"})()
     assert dist._graph_safe(plan)

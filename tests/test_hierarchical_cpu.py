@@ -1,5 +1,7 @@
 """The hierarchical collectives and the topology-aware selector on a machine without a GPU: both kernels compile
-and link for sm_90a and make the calls their protocols need (no bound guard skips a signal; RS sums in fp32);
+and link for sm_90a and make the calls their protocols need (no bound guard skips a signal; RS sums in fp32;
+both count their calls on the device, T.call_number, and the AllGather takes its slot and its flag values from
+that count: no call number passed from the host, so CUDA graphs replay them correctly);
 their docstrings give the torch equivalent and the protocol in numbered steps; the built-in choice across nodes
 is the cost model's rule (docs/multinode_model.py) for (world size, node size, bytes), also under
 TILESCALE_NODE_SIZE emulation through tilescale.distributed; one node is refused or declined.
@@ -23,9 +25,13 @@ from tilescale.plan.selector import Request  # noqa: E402
 MiB = 1 << 20
 CASES = {   # id: (jit function, args: 8 ranks in nodes of 2 or 4 (forward rows exist), tilescale:: calls)
     "allgather_hierarchical": (agh.allgather_hierarchical_kernel, (8, 2, 4, "bfloat16"),
-                               {"tilescale::put_signal", "tilescale::wait_until"}),
+                               {"tilescale::put_signal", "tilescale::wait_until", "tilescale::call_number"}),
     "reduce_scatter_hierarchical": (rsh.reduce_scatter_hierarchical_kernel, (8, 4, 16, "float16"),
-                                    {"tilescale::put_signal", "tilescale::wait_until"}),
+                                    {"tilescale::put_signal", "tilescale::wait_until", "tilescale::call_number"}),
+}
+COUNTED = {   # id: (blocks of the grid: one call counter each, the kernel's only scalar parameter: its run-time size)
+    "allgather_hierarchical": (4 * 8, "int n"),
+    "reduce_scatter_hierarchical": (16, "int sv"),
 }
 
 
@@ -50,6 +56,45 @@ def test_kernel_builds_for_sm90(case, builds):
     assert build_pool.enclosing_conditions(nested, "put_signal") == ["a"]
     if fn is rsh.reduce_scatter_hierarchical_kernel:
         assert "float acc[" in r.source and "float* part" in r.source, "partials and sums in fp32"
+
+
+def _kernel_signature(source: str, name: str) -> list[str]:
+    m = re.search(rf'^extern "C" __global__ void __launch_bounds__[^\n]* {name}_kernel\(([^)]*)\) \{{$', source, re.M)
+    assert m, f"no definition of {name}_kernel in the built source"
+    return [p.strip() for p in m.group(1).split(",")]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_counts_its_calls_on_the_device(case, builds):
+    """CUDA graphs: the call number comes from the device (``T.call_number``: one counter per block, bound once,
+    before any branch), never from a host scalar, which a replayed graph would keep at its capture's value."""
+    src = builds[case].source
+    blocks, scalar = COUNTED[case]
+    params = _kernel_signature(src, case)
+    assert "int64_t* counters" in params, params
+    assert [p for p in params if "*" not in p] == [scalar], f"a host-passed call number or epoch: {params}"
+    assert src.count("tilescale::call_number(") == 1, "one call number per launch"
+    m = re.search(rf"^  uint64_t (\w+) = tilescale::call_number\(\(&\(counters\[0\]\)\), {blocks}\);$", src, re.M)
+    assert m, "the call number is not bound once from the counters of every block"
+    assert build_pool.enclosing_conditions(src, "tilescale::call_number") == [], "called inside a branch"
+
+
+def test_allgather_takes_its_slot_and_flag_values_from_the_call_number(builds):
+    """Every put / signal and every wait of the hierarchical AllGather addresses the slot s = (e - 1) % 2 of
+    this call's number e and uses the flag value r = (e + 1) // 2 (the kernel gets both slots and both flag
+    arrays: the device, not the host, picks one)."""
+    src = builds["allgather_hierarchical"].source
+    e = re.search(r"uint64_t (\w+) = tilescale::call_number\(", src).group(1)
+    slot = f"(({e} - (uint64_t)1) & (uint64_t)1)"
+    rounds = f"(({e} + (uint64_t)1) >> (uint64_t)1)"
+    puts = [ln for ln in src.splitlines() if "tilescale::put_signal" in ln]
+    waits = [ln for ln in src.splitlines() if "tilescale::wait_until" in ln]
+    assert len(puts) == 2 and len(waits) == 3, (len(puts), len(waits))   # steps 1-2: a put, a wait; 3: a put, 2 waits
+    for ln in puts:   # the destination slot of out and of the flags (and the forwarded source): all of slot s
+        assert ln.count(slot) >= 2 and rounds in ln, ln[:400]
+    for ln in waits:
+        assert slot in ln and rounds in ln, ln[:400]
+    assert "out[" in "".join(puts) and "flags[" in "".join(waits)
 
 
 @pytest.mark.parametrize("mod", [agh, rsh])

@@ -67,7 +67,7 @@ import tilescale.language as T
 from ..profiler import session as profiling
 from . import allgather_hierarchical as hier
 from . import checks, op_cache, registry
-from .base import Op
+from .base import DoubleBuffered
 from .vectors import COUNTER, SIGNAL
 
 __all__ = ["AllGather", "all_gather", "all_gather_into_tensor"]
@@ -125,7 +125,7 @@ def kernels(nbytes: int, world_size: int, dtype: str = "bfloat16", sms: int = SM
                                 threads))]
 
 
-class AllGather(Op):
+class AllGather(DoubleBuffered):
     """AllGather of `(rows, *cols)` shards of `dtype` into a `(W * rows, *cols)` output.
 
     Collective to construct (allocates symmetric buffers); calls must be made in the same order on every
@@ -169,24 +169,6 @@ class AllGather(Op):
         self.call_counters(self.blocks_per_peer * W)
         self._ptrs = (self._slots.data_ptr(), self.arrived.data_ptr(), self.counters.data_ptr())
 
-    @property
-    def out(self):
-        """The output slot of the last call (before the first call: the slot the first call writes)."""
-        self._host_count("out")
-        return self.buffers[(max(self.calls, 1) - 1) % 2]
-
-    @property
-    def next_out(self):
-        """The output slot the next call writes."""
-        self._host_count("next_out")
-        return self.buffers[self.calls % 2]
-
-    def _host_count(self, what: str) -> None:
-        if self.captured:
-            raise RuntimeError(f"AllGather.{what}: a call of this op was captured in a CUDA graph, so the host no "
-                               "longer knows which slot a call writes (replays count on the device); use the "
-                               "tensor a call returns")
-
     def _validate(self, x, out) -> None:
         """The call checks (agreed across ranks by ``self._check``): `x` a shard of this op's shape and dtype
         on this GPU (any strides: staged), `out` None or a (W * rows, *cols) tensor of the dtype on this GPU
@@ -208,32 +190,7 @@ class AllGather(Op):
             self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
         if rec is not None:  # tilescale.profiler: the call and its launch end here
             rec.end()
-        if self.captured:    # the device's count decides the slot (replays advanced it without the host)
-            return self._by_parity(out)
-        s = self.calls % 2
-        self.calls += 1
-        result = self.buffers[s]
-        if out is None or out.data_ptr() == result.data_ptr():
-            return result
-        out.copy_(result)
-        return out
-
-    def _by_parity(self, out):
-        """The slot that the call just enqueued writes, chosen by the device's count ((e - 1) % 2), copied into
-        `out` (None: a new tensor) on the stream: no host sync, capturable."""
-        import torch
-
-        if out is not None and any(out.data_ptr() == b.data_ptr() for b in self.buffers):
-            raise RuntimeError("AllGather: out is one of this op's slots, but a call of this op was captured in a "
-                               "CUDA graph, so a call's slot is chosen on the device: pass another tensor")
-        slot = torch.remainder(self.counters[:1] - 1, 2)
-        if out is None:
-            out = torch.empty_like(self.buffers[0])
-        if out.is_contiguous():
-            torch.index_select(self._slots, 0, slot, out=out.view(1, *out.shape))
-        else:
-            out.copy_(torch.index_select(self._slots, 0, slot)[0])
-        return out
+        return self.slot_result(out)
 
 
 @op_cache.cached(16, close_evicted=False)
@@ -312,7 +269,8 @@ def bench(algo, x, world_size):
 
 COLLECTIVE = registry.collective("allgather", torch_name="all_gather_into_tensor", aliases=("all_gather",),
                                  algos={"push": registry.Algorithm(run_push, nodes="any", graph_safe=True),
-                                        "hierarchical": registry.Algorithm(hier.run_hierarchical, nodes="several")},
+                                        "hierarchical": registry.Algorithm(hier.run_hierarchical, nodes="several",
+                                                                           graph_safe=True)},
                                  tensors=("output_tensor", "input_tensor"),
                                  serve=serve, kernels=kernels, bench=bench, busbw=lambda W: (W - 1) / W, exact=True,
                                  module=__name__)

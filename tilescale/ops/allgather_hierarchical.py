@@ -13,9 +13,11 @@ Inter-node then intra-node (not the reverse): the network carries (n - 1) shards
 
 Buffers (symmetric, allocated once per op): two output slots ``out[0]``, ``out[1]`` of (W, n) elements and two
 arrays of flags ``flags[0]``, ``flags[1]`` of (W, bpp) words, ``flags[s][q, b]`` saying that chunk b of
-rank q's shard is in ``out[s][q]`` here. Call e = 1, 2, ... uses slot s = (e - 1) % 2; r = (e + 1) // 2 is
-how many calls have used slot s, this one included. Each rank's kernel has ``bpp x W`` blocks, block (b, j)
-moving chunk b (16-byte aligned) of one shard; its row j gives its role.
+rank q's shard is in ``out[s][q]`` here; the kernel gets both slots and both arrays. Call number e = 1, 2, ...
+of an op is counted on the device (``T.call_number(counters)``, local call counters of one word per block: the
+same in every block of the call, new on every replay of a CUDA graph); the kernel derives from it its slot
+s = (e - 1) % 2 and r = (e + 1) // 2, how many calls have used slot s, this one included. Each rank's kernel has
+``bpp x W`` blocks, block (b, j) moving chunk b (16-byte aligned) of one shard; its row j gives its role.
 
 Signal protocol of call e (every put is ``put_signal_block``: the chunk, then ``flags[s][q, b] = r`` on the
 destination, after a system fence; every wait is ``flags[s][q, b] >= r``, acquire, system scope):
@@ -50,11 +52,16 @@ Why no handshake is needed (the calls of one op are made on one stream on every 
    that I enqueue before my next call is complete before any rank writes that slot again;
 8. the same chain keeps the flags exact: r grows by one per use of slot s, a flag of slot s is set to r + 1
    only after my kernel of call e ended, and the value r - 1 of the use before was seen by my previous use.
-   Outputs and flags are zero on every rank before any call (``symm.zeros`` ends with a barrier).
+   Outputs and flags are zero on every rank before any call (``symm.zeros`` ends with a barrier), and so are
+   the call counters; every rank makes (and replays) the same calls of an op in the same order, so every
+   rank's kernel of one call counts the same e, hence uses the same s and r.
 
 As for AllGather, programmatic dependent launch keeps 7 and 8 (a kernel starts once every block of the one
-before has exited). ``ag(x)`` returns the slot this call wrote (valid for work enqueued before the next call);
-``ag(x, out=t)`` copies it into `t`. On one node (n = 1) there is nothing to be hierarchical about: the
+before has exited). What the caller sees is AllGather's (:class:`~tilescale.ops.base.DoubleBuffered`): ``ag(x)``
+returns the slot this call wrote (valid for work enqueued before the next call); ``ag(x, out=t)`` copies it into
+`t`. CUDA graphs: once a call of this op has been captured (``ag.captured``), the result is taken by the
+device's parity (``(counters[:1] - 1) % 2``), copied on the stream into `out` (a new tensor when None), and
+``ag.out`` / ``ag.next_out`` raise. On one node (n = 1) there is nothing to be hierarchical about: the
 constructor refuses (use :class:`~tilescale.ops.allgather.AllGather`); the plan algorithm declines
 (:class:`~tilescale.ops.registry.PlanUnsupportedError`, the same on every rank), and tilescale.distributed then
 passes the call to torch.distributed. The selector offers it only on several nodes (:mod:`tilescale.plan.builtin`).
@@ -68,8 +75,8 @@ import tilescale.language as T
 
 from .. import topology
 from . import checks, op_cache, registry
-from .base import Op
-from .vectors import PASS_CONFIGS
+from .base import DoubleBuffered
+from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
 __all__ = ["AllGatherHierarchical"]
 
@@ -79,8 +86,8 @@ SMS_H100 = 132   # as AllGather: the block count must be the same on every rank
 @tilescale.jit(pass_configs=PASS_CONFIGS)
 def allgather_hierarchical_kernel(world_size: int, node_size: int, blocks_per_peer: int, dtype: str = "bfloat16",
                                   threads: int = 512):
-    """Kernel of :class:`AllGatherHierarchical` (one call, one slot): `x` (n elements) goes to ``out[rank]`` on
-    every rank, in the steps of the module docstring. `n` is a run-time argument."""
+    """Kernel of :class:`AllGatherHierarchical` (one call, the slot of its parity): `x` (n elements) goes to
+    ``out[s, rank]`` on every rank, in the steps of the module docstring. `n` is a run-time argument."""
     n = T.dynamic("n")
     W, g, bpp = world_size, node_size, blocks_per_peer
     nodes = W // g
@@ -89,9 +96,12 @@ def allgather_hierarchical_kernel(world_size: int, node_size: int, blocks_per_pe
     chunk = T.ceildiv(T.ceildiv(n, bpp), vec) * vec
 
     @T.prim_func
-    def allgather_hierarchical(x: T.Tensor((n,), dtype), out: T.Tensor((W, n), dtype),
-                               flags: T.Tensor((W, bpp), "uint64"), round_no: T.uint64):
+    def allgather_hierarchical(x: T.Tensor((n,), dtype), out: T.Tensor((2, W, n), dtype),
+                               flags: T.Tensor((2, W, bpp), SIGNAL), counters: T.Tensor((bpp * W,), COUNTER)):
         with T.Kernel(bpp, W, threads=threads) as (b, j):
+            e = T.call_number(counters)
+            s = T.cast((e - 1) % 2, "int32")     # this call's slot
+            r = (e + 1) // 2                      # calls that have used slot s, this one included
             me = T.get_rank()
             a = me // g
             i = me % g
@@ -101,10 +111,10 @@ def allgather_hierarchical_kernel(world_size: int, node_size: int, blocks_per_pe
                 t = j - (nodes - 1)
                 dst = T.if_then_else(j < nodes - 1, ((a + 1 + j) % nodes) * g + i, a * g + (i + t) % g)
                 src = T.if_then_else(j < nodes - 1, ((a + nodes - 1 - j) % nodes) * g + i, a * g + (i + g - t) % g)
-                T.put_signal_block(x[lo], out[me, lo], flags[me, b], size=size, value=round_no, dst_pe=dst)
+                T.put_signal_block(x[lo], out[s, me, lo], flags[s, me, b], size=size, value=r, dst_pe=dst)
                 if src != me:
                     if T.get_thread_binding() == 0:
-                        T.wait_until(flags[src, b], cmp="ge", value=round_no)
+                        T.wait_until(flags[s, src, b], cmp="ge", value=r)
                     T.sync_threads()
             else:                         # step 3: forward a rail shard to one peer of this node
                 f = j - (nodes - 1 + g)
@@ -112,12 +122,12 @@ def allgather_hierarchical_kernel(world_size: int, node_size: int, blocks_per_pe
                 t = 1 + f % gm1
                 q = node * g + i
                 if T.get_thread_binding() == 0:
-                    T.wait_until(flags[q, b], cmp="ge", value=round_no)
+                    T.wait_until(flags[s, q, b], cmp="ge", value=r)
                 T.sync_threads()
-                T.put_signal_block(out[q, lo], out[q, lo], flags[q, b], size=size, value=round_no,
+                T.put_signal_block(out[s, q, lo], out[s, q, lo], flags[s, q, b], size=size, value=r,
                                    dst_pe=a * g + (i + t) % g)
                 if T.get_thread_binding() == 0:
-                    T.wait_until(flags[node * g + (i + g - t) % g, b], cmp="ge", value=round_no)
+                    T.wait_until(flags[s, node * g + (i + g - t) % g, b], cmp="ge", value=r)
                 T.sync_threads()
 
     return allgather_hierarchical
@@ -146,15 +156,18 @@ def several_nodes(op: str, topo) -> None:
                     "flat op")
 
 
-class AllGatherHierarchical(Op):
+class AllGatherHierarchical(DoubleBuffered):
     """AllGather of `(rows, *cols)` shards of `dtype` into a `(W * rows, *cols)` output, inter-node then
     intra-node (see the module docstring); the API of :class:`~tilescale.ops.allgather.AllGather`.
 
     Collective to construct (allocates symmetric buffers); refuses a job on one node. ``ag(x)`` returns the
     output slot this call wrote (valid for work enqueued before the next call); ``ag(x, out=t)`` also copies
-    it into `t`. ``ag.out`` is the slot the last call wrote, ``ag.buffers`` both."""
+    it into `t`. ``ag.out`` is the slot the last call wrote, ``ag.next_out`` the one the next call writes,
+    ``ag.buffers`` both. Capturable in a CUDA graph; once captured, results are copies taken by the device's
+    parity and ``out`` / ``next_out`` raise (:class:`~tilescale.ops.base.DoubleBuffered`)."""
 
     NAME, KERNEL = "AllGatherHierarchical", "allgather_hierarchical"
+    GRAPH_SAFE = True
     X_WHAT = "the shard shape this AllGatherHierarchical was built for"
     OUT_WHAT = "world_size x the shard"
 
@@ -180,35 +193,23 @@ class AllGatherHierarchical(Op):
         self.blocks_per_peer = bpp = blocks_per_peer or args[2]
         self._slots = self.symmetric((2, *self.out_shape), dtype, zero=True)
         self.buffers = (self._slots[0], self._slots[1])
-        self._out2d = [t.view(W, n) for t in self.buffers]
+        self._out3d = self._slots.view(2, W, n)
         self.flags = self.symmetric((2, W, bpp), torch.uint64, zero=True)
-        self.calls = 0
+        self.calls = 0          # calls counted on the host: equal to the device's count until a capture
         self.kernel, self._direct = self.build(fn, (W, topo.node_size, bpp, *args[3:]),
-                                               ("x", "out", "flags", "round_no", "n"))
-        self._ptrs = [(o.data_ptr(), f.data_ptr()) for o, f in zip(self._out2d, self.flags, strict=True)]
-
-    @property
-    def out(self):
-        """The output slot of the last call (before the first call: the slot the first call writes)."""
-        return self.buffers[(max(self.calls, 1) - 1) % 2]
+                                               ("x", "out", "flags", "counters", "n"))
+        self.call_counters(bpp * W)
+        self._ptrs = (self._slots.data_ptr(), self.flags.data_ptr(), self.counters.data_ptr())
 
     def __call__(self, x, out=None):
         stream = self.begin(x, out)
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
-        s = self.calls % 2
-        self.calls += 1
-        r = (self.calls + 1) // 2
         if self._direct is not None:
-            o, f = self._ptrs[s]
-            self.launch_direct(x.data_ptr(), o, f, r, self.n, stream)
+            self.launch_direct(x.data_ptr(), *self._ptrs, self.n, stream)
         else:
-            self.kernel.launch(x.view(-1), self._out2d[s], self.flags[s], r)
-        result = self.buffers[s]
-        if out is None or out.data_ptr() == result.data_ptr():
-            return result
-        out.copy_(result)
-        return out
+            self.kernel.launch(x.view(-1), self._out3d, self.flags, self.counters)
+        return self.slot_result(out)
 
 
 @op_cache.cached(16, close_evicted=False)

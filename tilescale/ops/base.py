@@ -16,7 +16,8 @@ layout); the steps around them are written once, here:
    on the host (the collectives and GEMM+RS count calls on the device, :meth:`Op.call_counters` and
    ``T.call_number``, their buffers double-buffered by its parity; AG+GEMM's flags are set and reset on the
    device), so calls may be captured in a CUDA graph (:mod:`.capture`: no stream-order change during
-   capture); an op that is not (``GRAPH_SAFE = False``, the default of a new op) refuses capture;
+   capture; the ops whose result is one of two output slots, :class:`DoubleBuffered`, then return it by the
+   device's parity); an op that is not (``GRAPH_SAFE = False``, the default of a new op) refuses capture;
 4. the launch: :meth:`Op.launch_direct` with raw pointers when the tensors are as the kernel wants them
    (one ctypes call), else the checked ``kernel.launch`` on staged copies (:meth:`Op.scratch`: padded
    scratch tensors owned by the op).
@@ -208,6 +209,69 @@ class Op:
         self.kernel.launch(xv, ov, *self._bufs)
         if writes_out and (ov.data_ptr() != out.data_ptr() or not out.is_contiguous()):
             out.copy_(ov.view(-1)[:out.numel()].view(out.shape))
+        return out
+
+
+class DoubleBuffered(Op):
+    """Base of the ops whose call writes its whole result into one of two symmetric output slots, the slot of
+    the parity of its call number e ((e - 1) % 2, counted on the device: ``T.call_number``): AllGather and
+    AllGatherHierarchical. The subclass sets ``self._slots`` (the two slots, one tensor of shape (2, ...)),
+    ``self.buffers`` (its two halves), ``self.counters`` (:meth:`Op.call_counters`) and ``self.calls = 0`` (the
+    calls counted on the host, equal to the device's count until a call is captured), and ends its call with
+    :meth:`slot_result`.
+
+    What a call returns: the slot it wrote, valid for the work enqueued before the next call of the op (peers may
+    overwrite it in the call after next); with ``out=t``, a copy into `t` (none when `t` is that slot). Once a call
+    of the op has been captured in a CUDA graph (``captured``), replays advance the device's count without the
+    host knowing: then, during the capture and in every later eager call, the result is the slot chosen by the
+    device's parity, copied on the stream without a host sync (:meth:`_by_parity`), and ``out`` / ``next_out``
+    raise."""
+
+    @property
+    def out(self):
+        """The output slot of the last call (before the first call: the slot the first call writes)."""
+        self._host_count("out")
+        return self.buffers[(max(self.calls, 1) - 1) % 2]
+
+    @property
+    def next_out(self):
+        """The output slot the next call writes."""
+        self._host_count("next_out")
+        return self.buffers[self.calls % 2]
+
+    def _host_count(self, what: str) -> None:
+        if self.captured:
+            raise RuntimeError(f"{self.NAME}.{what}: a call of this op was captured in a CUDA graph, so the host no "
+                               "longer knows which slot a call writes (replays count on the device); use the "
+                               "tensor a call returns")
+
+    def slot_result(self, out):
+        """What the call just launched returns (see the class docstring): its slot, or `out` holding a copy."""
+        if self.captured:    # the device's count decides the slot (replays advanced it without the host)
+            return self._by_parity(out)
+        s = self.calls % 2
+        self.calls += 1
+        result = self.buffers[s]
+        if out is None or out.data_ptr() == result.data_ptr():
+            return result
+        out.copy_(result)
+        return out
+
+    def _by_parity(self, out):
+        """The slot that the call just enqueued writes, chosen by the device's count ((e - 1) % 2), copied into
+        `out` (None: a new tensor) on the stream: no host sync, capturable."""
+        import torch
+
+        if out is not None and any(out.data_ptr() == b.data_ptr() for b in self.buffers):
+            raise RuntimeError(f"{self.NAME}: out is one of this op's slots, but a call of this op was captured in a "
+                               "CUDA graph, so a call's slot is chosen on the device: pass another tensor")
+        slot = torch.remainder(self.counters[:1] - 1, 2)
+        if out is None:
+            out = torch.empty_like(self.buffers[0])
+        if out.is_contiguous():
+            torch.index_select(self._slots, 0, slot, out=out.view(1, *out.shape))
+        else:
+            out.copy_(torch.index_select(self._slots, 0, slot)[0])
         return out
 
 

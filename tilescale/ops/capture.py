@@ -16,7 +16,8 @@ order. What a capture needs, and what the ops do:
   ``torch.cuda.graph`` synchronises the device before it captures, and orders its stream itself;
 * replay a graph on the stream that the eager calls of its ops use (or order the two streams yourself), and
   replay it, as every call, in the same order on every rank;
-* AllGather returns the slot of the call by the device's parity once a graph was captured (see its docstring).
+* AllGather and AllGatherHierarchical return the slot of the call by the device's parity once a graph was
+  captured (:class:`~tilescale.ops.base.DoubleBuffered`).
 
 AG+GEMM needs no count at all: its flags are set to 1 by their one writer and reset to 0 by their one reader
 (stream memory operations, tilescale/ops/allgather_gemm.py), so a replay waits for its own data.
