@@ -1,8 +1,10 @@
 """torch.ops.tilescale.* (tilescale/ops/torch_ops.py) on a machine without a GPU: fake (meta) impls under
 FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP, the autograd formulas
 and the async-TP drop-ins in a simulated world (W threads, one per rank, with collectives over shared
-memory), the padding of ag_gemm / gemm_rs tails, and the fallbacks. The same ops on GPUs (opcheck, the
-layer against torch, the drop-in against torch.ops.symm_mem): examples/distributed/example_tp_layer.py."""
+memory), the padding of ag_gemm / gemm_rs tails, the fallbacks, and the checks of example_tp_layer.py's CUDA
+graph section (its capture replaced by reruns of the step, in the simulated world). The same ops on GPUs
+(opcheck, the layer against torch, the drop-in against torch.ops.symm_mem, the TP step replayed from a CUDA
+graph): examples/distributed/example_tp_layer.py."""
 import importlib
 import os
 import threading
@@ -561,3 +563,87 @@ def test_ag_gemm_and_gemm_rs_pad_row_tails(monkeypatch, W, rows):
     torch.testing.assert_close(y, ((x @ b) * W)[:rows])   # rank 0's rows of the mirror world's sum
     with pytest.raises(ValueError, match="multiple of the world size"):
         gemm_rs_mod.gemm_rs(randn(W * rows + 1, 64, dtype=bf), b)
+
+
+# ------------------------------------------------------------ example_tp_layer's CUDA graph section, in threads
+def _tp_layer_example():
+    """examples/distributed/example_tp_layer.py, loaded from its file (no sys.path change)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "distributed" / "example_tp_layer.py"
+    spec = importlib.util.spec_from_file_location("example_tp_layer_for_cpu_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rerun_capture(fault=None):
+    """What the graph section's CPU runs use in place of a CUDA graph: the step run once, its outputs kept as
+    the static outputs, and every replay running the step again and writing into them; `fault` makes it wrong:
+    "nothing" (a replay that writes nothing), "dw2" (one output left unwritten), "stale" (a replay writes the
+    results of the step before: one call behind)."""
+
+    def capture(step):
+        outs = step()
+        prev = {k: v.clone() for k, v in outs.items()}
+
+        def replay():
+            nonlocal prev
+            if fault == "nothing":
+                return
+            new = step()
+            for k, v in outs.items():
+                if not (fault == "dw2" and k == "dw2"):
+                    v.copy_((prev if fault == "stale" else new)[k])
+            prev = {k: v.clone() for k, v in new.items()}
+
+        return outs, replay
+
+    return capture
+
+
+GRAPH_CPU = {"W": 2, "rows": 12, "H": 128, "Fd": 256}
+
+
+def _graph_section(w, ex, replays, fault=None, **kw):
+    W, rows, H, Fd = (GRAPH_CPU[k] for k in ("W", "rows", "H", "Fd"))
+    return w.run(lambda r: ex.graph_section(r, W, rows, H, Fd, torch.device("cpu"), replays,
+                                            capture=_rerun_capture(fault), **kw))
+
+
+def test_tp_layer_graph_section_checks_every_replay(world):
+    """The example's CUDA graph section (new inputs and weights per step, poisoned outputs, references, eager
+    steps between replays), its capture replaced by reruns of the step, in a simulated world of 2 ranks: every
+    step within the example's tolerances, the counts as said."""
+    ex = _tp_layer_example()
+    w = world(ThreadWorld(GRAPH_CPU["W"]))
+    for r in _graph_section(w, ex, 12, check_every=5, eager_every=4, warmups=2):
+        assert (r["replays"], r["eager"], r["warmups"]) == (12, 3, 2)
+        for k, e in (*r["worst"].items(), *r["worst_eager"].items()):
+            assert 0 < e <= ex.tol_of(k) / 2, (k, e)     # bf16 against fp32: some error, well within bounds
+
+
+def test_tp_layer_graph_inputs_differ_per_step_and_agree_across_ranks():
+    """Step i's inputs come from seeds alone (every rank the same), and consecutive steps' references differ by
+    far more than the tolerances (a replay that ran on old inputs is caught)."""
+    ex = _tp_layer_example()
+    W, rows, H, Fd = (GRAPH_CPU[k] for k in ("W", "rows", "H", "Fd"))
+    a, b = (ex.StepData(r, W, rows, H, Fd, torch.device("cpu")) for r in range(W))
+    assert a.coeffs(7) == b.coeffs(7) != a.coeffs(8)
+    for x, y in zip(a.full(a.coeffs(3)), b.full(b.coeffs(3)), strict=True):
+        assert torch.equal(x, y)
+    w0, w1 = a.want(a.full(a.coeffs(0))), a.want(a.full(a.coeffs(1)))
+    for k in ex.GRAPH_KEYS:
+        assert ex.rel_err(w1[k], w0[k]) > 5 * ex.tol_of(k), k
+
+
+@pytest.mark.parametrize("fault,match", [("nothing", r"y nan > .*dx nan"), ("dw2", r": dw2 nan > 0.02 \(nan"),
+                                         ("stale", r"largest relative error over 5 checked steps: y ")])
+def test_tp_layer_graph_section_fails_on_a_wrong_replay(world, fault, match):
+    """A replay that wrote nothing, left one output poisoned, or wrote the step before's results fails, at the
+    first read-back."""
+    ex = _tp_layer_example()
+    w = world(ThreadWorld(GRAPH_CPU["W"]))
+    with pytest.raises(AssertionError, match=match):
+        _graph_section(w, ex, 12, fault=fault, check_every=5, eager_every=4, warmups=1)
