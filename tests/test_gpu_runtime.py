@@ -1,6 +1,7 @@
 """GPU tier: runtime behaviour that needs real GPUs (bad input on every rank, injected hang, lazy
 loading). Each test launches a script under tests/gpu with launch.sh; skipped without enough GPUs."""
 import collections
+import os
 import re
 from pathlib import Path
 
@@ -65,4 +66,5 @@ def test_spin_wait_with_lazy_module_loading():
 def test_all_primitives(nranks):
     need(nranks)
     proc = testing.launch(GPU / "primitives_main.py", nranks, timeout=500)
-    testing.assert_all_ranks_ok(proc, nranks, marker="OK: all 5 primitives examples")
+    node_size = int(os.environ.get("TILESCALE_NODE_SIZE") or nranks)   # emulated nodes split the remote view's ring
+    testing.assert_all_ranks_ok(proc, nranks, marker=f"OK: all {5 if nranks <= node_size else 4} primitives examples")

@@ -4,7 +4,8 @@ ones included), the fused ops' kernels (GEMM+RS counting on the device, AG+GEMM'
 refused by an op that counts on the host and by construction, accepted by the collectives and fused ops without
 stream-order changes, the slot of AllGather and AllGatherHierarchical by the device's parity, tilescale.distributed's
 routing of captured calls, and no new host work per eager call. The GPU side (1,000 replays against references):
-tests/gpu/graphs_main.py, tests/gpu/fused_graphs_main.py; the hierarchical AllGather's: tests/gpu/hierarchical_main.py."""
+tests/gpu/graphs_main.py, tests/gpu/fused_graphs_main.py; the hierarchical AllGather's:
+tests/gpu/hierarchical_main.py."""
 import re
 import sys
 from pathlib import Path
@@ -366,8 +367,9 @@ def test_python_calls_counts_the_entries_into_tilescale_of_an_eager_call(monkeyp
         ag(x)
     assert len(launched) == 2
     assert calls.functions == {"allgather.py:__call__": 1, "base.py:begin": 1, "base.py:call_key": 1,
-                               "base.py:ordered_stream": 1, "base.py:launch_direct": 1}, calls.functions
-    assert calls.count == 5 and "allgather.py:__call__ x1" in calls.top()
+                               "base.py:ordered_stream": 1, "base.py:launch_direct": 1, "base.py:slot_result": 1
+                               }, calls.functions
+    assert calls.count == 6 and "allgather.py:__call__ x1" in calls.top()
 
     def outside():
         return sum(range(3))
