@@ -2,7 +2,9 @@
 captured AllGather x3 + AllReduce + ReduceScatter step with new inputs and poisoned outputs, a second graph of
 AllToAll, Broadcast, Reduce and AllReduce x2, eager calls between replays, 100 replays of a captured AllGather
 of 1 MiB per rank that enter no Python function of tilescale (eager calls of it do), and captured
-tilescale.distributed calls served by tilescale. The CPU side: tests/test_graphs_cpu.py."""
+tilescale.distributed calls served by tilescale; then AG+GEMM with GEMM+RS captured together
+(tests/gpu/fused_graphs_main.py: 300 replays against torch, eager calls between). The CPU side:
+tests/test_graphs_cpu.py."""
 import re
 from pathlib import Path
 
@@ -27,3 +29,13 @@ def test_collectives_replay_from_cuda_graphs(nranks):
     # replays of a captured AllGather of 1 MiB enter no Python function of tilescale (eager calls do)
     assert len(re.findall(r"OK: graphs: a captured AllGather of 1 MiB per rank replayed 100 times with no Python "
                           r"call into tilescale", out)) == nranks, out[-4000:]
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_fused_ops_replay_from_cuda_graphs(nranks):
+    testing.skip_unless_ranks(nranks)   # fewer GPUs than ranks: the ranks share GPUs
+    proc = testing.launch(GPU / "fused_graphs_main.py", nranks, timeout=400)
+    testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused graphs")
+    replays = [int(m) for m in re.findall(r"OK: fused graphs: .* replayed (\d+) times", proc.stdout)]
+    assert replays == [300] * nranks, proc.stdout[-4000:]

@@ -44,7 +44,7 @@ def jit_jobs(world_size: int) -> list:
         jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt)
     # tests/gpu/graphs_main.py's replay_host_work: AllGather of 1 MiB per rank, fp32
     jobs.append((allgather_kernel, (world_size, default_blocks_per_peer(1 << 20, world_size), "float32")))
-    fg = importlib.import_module("fused_graphs_main")                   # tests/test_fused_graphs_gpu.py
+    fg = importlib.import_module("fused_graphs_main")                   # tests/test_graphs_gpu.py's fused test
     jobs += prebuild.ag_gemm_jobs([(fg.ROWS * world_size, fg.K, fg.N)], world_size)
     jobs += prebuild.gemm_rs_jobs([(fg.ROWS * world_size, fg.K * world_size, fg.N)], world_size)
     jobs += importlib.import_module("example_tp_mlp").collective_jobs(world_size, 256, 1024)

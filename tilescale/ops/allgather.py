@@ -157,11 +157,8 @@ class AllGather(DoubleBuffered):
         W, self.dtype, self.n, self.threads = self.world_size, dtype, n, threads
         esize = torch.empty((), dtype=dtype).element_size()
         self.blocks_per_peer = blocks_per_peer or default_blocks_per_peer(n * esize, W)
-        self._slots = self.symmetric((2, W * self.shape[0], *self.shape[1:]), dtype, zero=True)
-        self.buffers = (self._slots[0], self._slots[1])
-        self._out3d = self._slots.view(2, W, n)
+        self.make_slots((W * self.shape[0], *self.shape[1:]), dtype, n)
         self.arrived = self.symmetric((2, W), torch.uint64, zero=True)
-        self.calls = 0          # calls counted on the host: equal to the device's count until a capture
         tl_dtype = str(dtype).replace("torch.", "")
         self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
                                                ("x", "out", "arrived", "counters", "n"))

@@ -152,10 +152,11 @@ class AGGemm(Op):
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
         self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
-        self._flag_at = {name: [symm.get_remote_ptr(f, p) + 8 * self.rank if near[p] else f.data_ptr() + 8 * self.rank
+        # my word of a flag on rank p: through its mapping, or the symmetric address for NVSHMEM's signal
+        self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
                                 for p in range(W)] for name, f in (("ready", self.ready), ("freed", self.freed))}
-        here = {f: [f.data_ptr() + 8 * q for q in range(W)] for f in (self.ready, self.freed)}
-        self._ready_here, self._freed_here = here[self.ready], here[self.freed]
+        self._ready_here = [self.ready.data_ptr() + 8 * q for q in range(W)]     # rank q's word here
+        self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
         self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
         self.kernel, _ = self.build(fn, self.args)
         self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
@@ -218,10 +219,9 @@ class AGGemm(Op):
                 if rec is not None:
                     rec.copies_begin(s, src)
                 shim.ts_stream_write_u64(h, self._ready_here[src], 0)
-                lo = src * self.rows
+                lo, peer = src * self.rows, self._peers[src]
                 for ch in range(self.chunks):
                     rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                    peer = self._peers[src]
                     if peer is not None:
                         a_full[rows].copy_(peer[rows], non_blocking=True)
                     else:   # the same rows of the peer's buffer (symmetric: one address on every rank)

@@ -191,11 +191,8 @@ class AllGatherHierarchical(DoubleBuffered):
         esize = torch.empty((), dtype=dtype).element_size()
         [(fn, args)] = kernels(n * esize * W, W, topo.node_size, str(dtype).replace("torch.", ""), threads)
         self.blocks_per_peer = bpp = blocks_per_peer or args[2]
-        self._slots = self.symmetric((2, *self.out_shape), dtype, zero=True)
-        self.buffers = (self._slots[0], self._slots[1])
-        self._out3d = self._slots.view(2, W, n)
+        self.make_slots(self.out_shape, dtype, n)
         self.flags = self.symmetric((2, W, bpp), torch.uint64, zero=True)
-        self.calls = 0          # calls counted on the host: equal to the device's count until a capture
         self.kernel, self._direct = self.build(fn, (W, topo.node_size, bpp, *args[3:]),
                                                ("x", "out", "flags", "counters", "n"))
         self.call_counters(bpp * W)

@@ -215,10 +215,8 @@ class Op:
 class DoubleBuffered(Op):
     """Base of the ops whose call writes its whole result into one of two symmetric output slots, the slot of
     the parity of its call number e ((e - 1) % 2, counted on the device: ``T.call_number``): AllGather and
-    AllGatherHierarchical. The subclass sets ``self._slots`` (the two slots, one tensor of shape (2, ...)),
-    ``self.buffers`` (its two halves), ``self.counters`` (:meth:`Op.call_counters`) and ``self.calls = 0`` (the
-    calls counted on the host, equal to the device's count until a call is captured), and ends its call with
-    :meth:`slot_result`.
+    AllGatherHierarchical. The subclass makes its slots with :meth:`make_slots` and its ``self.counters``
+    (:meth:`Op.call_counters`), and ends its call with :meth:`slot_result`.
 
     What a call returns: the slot it wrote, valid for the work enqueued before the next call of the op (peers may
     overwrite it in the call after next); with ``out=t``, a copy into `t` (none when `t` is that slot). Once a call
@@ -226,6 +224,15 @@ class DoubleBuffered(Op):
     host knowing: then, during the capture and in every later eager call, the result is the slot chosen by the
     device's parity, copied on the stream without a host sync (:meth:`_by_parity`), and ``out`` / ``next_out``
     raise."""
+
+    def make_slots(self, out_shape: tuple, dtype, n: int) -> None:
+        """``self._slots``: the two output slots (symmetric, zero-filled: one tensor of shape (2, *out_shape)),
+        ``self.buffers`` its two halves, ``self._out3d`` the (2, W, n) view a kernel writes (n elements per rank),
+        and ``self.calls = 0``: the calls counted on the host, equal to the device's count until a capture."""
+        self._slots = self.symmetric((2, *out_shape), dtype, zero=True)
+        self.buffers = (self._slots[0], self._slots[1])
+        self._out3d = self._slots.view(2, self.world_size, n)
+        self.calls = 0
 
     @property
     def out(self):

@@ -158,8 +158,8 @@ class GemmRS(Op):
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
         tiles = (M // self.block_m) * -(-N // self.gemm_args[6])
-        self.gemm_counters = self.call_counters(tiles)
-        self.reduce_counters = self.call_counters(blocks)
+        counters = self.call_counters(tiles + blocks)        # the GEMM's, then the reduction's
+        self.gemm_counters, self.reduce_counters = counters[:tiles], counters[tiles:]
 
     def _validate(self, x, w, out) -> None:
         """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
