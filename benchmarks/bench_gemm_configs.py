@@ -7,11 +7,12 @@
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
 
 The kernel is the fused ops' tile loop (tilescale/ops/gemm.py) without waits or counts: TMA loads
-of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global (TMA
-store, as in AG+GEMM; plain vector stores by every thread, as in GEMM+RS: `epilogue`). M, N and K are
+of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global with a TMA
+store (`epilogue` "tma", as in AG+GEMM), or with a TMA store whose completion each consumer warp then counts
+with a release add (`T.release_stores`, "signal", as in GEMM+RS, so its epilogue costs what it costs there). M, N and K are
 run-time sizes, so one build per configuration serves every shape; all builds run in parallel threads.
 
-Shapes: the per-rank GEMMs of the fused-kernel baselines (DEVICE.md) at W = 2 and 4, bf16:
+Shapes: the per-rank GEMMs of the fused-kernel baselines (DEVICE.md) at W = 2, 4 and 8, bf16:
 AG+GEMM (M, K) x (K, N) with the full M (the same GEMM for every W; W only limits block_m), GEMM+RS
 (M, K/W) x (K/W, N). Each candidate is checked against cuBLAS (torch.matmul) once, then timed with CUDA
 events: warm-up, then `--reps` rounds that time every candidate of the shape in turn (round-robin, so
@@ -40,7 +41,7 @@ SMS = 132
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
              (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]       # (M, K, N), as bench_fused
 RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]       # (M, K, N), K the full K
-WORLD_SIZES = (2, 4)
+WORLD_SIZES = (2, 4, 8)
 
 # Block shapes tried (swizzle 10 unless said otherwise). 128x256x64 s3 is the default; the others trade
 # tile size (waves, L2 reuse), pipeline depth and warpgroups per tile. Shared memory of each: GemmConfig.smem_bytes.
@@ -59,13 +60,14 @@ BASE = [
 ]
 SWIZZLE_OF = [GemmConfig(128, 256, 64, 3, 256), GemmConfig(256, 128, 64, 3, 256)]
 SWIZZLES = (0, 4, 16)
+EPILOGUES = ("tma", "signal")
 
 
 def candidates(epilogue: str) -> list[GemmConfig]:
-    """Configurations built for one epilogue ("tma": AG+GEMM; "stores": GEMM+RS, whole tiles of N only)."""
+    """Configurations built for one epilogue ("tma": AG+GEMM; "signal": GEMM+RS, whole tiles of N only)."""
     out = list(BASE) + [GemmConfig(c.block_m, c.block_n, c.block_k, c.stages, c.threads, s)
                         for c in SWIZZLE_OF for s in SWIZZLES]
-    if epilogue == "stores":  # GEMM+RS needs N % block_n == 0; every RS shape has N = 8192
+    if epilogue == "signal":  # GEMM+RS needs N % block_n == 0; every RS shape has N = 8192
         out = [c for c in out if 8192 % c.block_n == 0]
     return [c for c in out if check(c, 1 << 20, 1 << 20, 1 << 20) is None]
 
@@ -80,7 +82,7 @@ def problems():
 
 
 def epilogue_of(op: str) -> str:
-    return "tma" if op == "ag_gemm" else "stores"
+    return "tma" if op == "ag_gemm" else "signal"
 
 
 def waves(cfg: GemmConfig, M: int, N: int) -> tuple[int, float]:
@@ -91,15 +93,20 @@ def waves(cfg: GemmConfig, M: int, N: int) -> tuple[int, float]:
 @tilescale.jit
 def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, swizzle: int,
                 epilogue: str = "tma", dtype: str = "bfloat16"):
-    """C = A @ B with the fused kernels' tile loop; M, N, K are run-time sizes."""
+    """C = A @ B with the fused kernels' tile loop; M, N, K are run-time sizes. "signal": `done` (one word per
+    row of tiles) counts the written tiles as GEMM+RS's GEMM does (other epilogues ignore it)."""
     M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
-    disable_tma = epilogue != "tma"     # "stores": plain vector stores by every thread, as in GEMM+RS
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue: got {epilogue!r}, expected one of {EPILOGUES}")
 
     @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+             done: T.Tensor((T.ceildiv(M, block_m),), "uint64")):
         with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, disable_tma)
+            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
+            if epilogue == "signal":
+                T.release_stores(done[by], 1, scope="sys")
 
     return gemm
 
@@ -110,7 +117,7 @@ def kernel_key(cfg: GemmConfig, epilogue: str) -> tuple:
 
 def all_builds() -> list[tuple]:
     """Every (config, epilogue) to build: the union over the epilogues the shapes need."""
-    return [(c, e) for e in ("tma", "stores") for c in candidates(e)]
+    return [(c, e) for e in EPILOGUES for c in candidates(e)]
 
 
 def compile_all(builds, workers: int, build_only: bool):
@@ -170,6 +177,7 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
     B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
     ref = torch.matmul(A, B)
     C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    done = torch.zeros(math.ceil(M / 64), device="cuda", dtype=torch.uint64)   # counts of "signal" (any block_m)
     fns, notes = {"cublas": lambda: torch.matmul(A, B, out=C)}, {}
     for key in cands:
         k = kernels.get(key)
@@ -177,7 +185,7 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
             continue
         C.fill_(float("nan"))
         try:
-            k(A, B, C)
+            k(A, B, C, done)
             torch.cuda.synchronize()
         except Exception as ex:  # noqa: BLE001
             notes[key] = f"launch failed: {' '.join(str(ex).split())[:200]}"
@@ -186,7 +194,7 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
         if not err < 1e-2:
             notes[key] = f"wrong result (max rel err {err:.3g} vs cuBLAS)"
             continue
-        fns[key] = (lambda k=k: k(A, B, C))
+        fns[key] = (lambda k=k: k(A, B, C, done))
     for fn in fns.values():   # warm-up
         fn()
     torch.cuda.synchronize()
@@ -229,7 +237,7 @@ def _cfg_of(key) -> GemmConfig:
 
 def report(measured, errors, gpu, args) -> None:
     rows, table = [], []
-    dkey = {e: kernel_key(DEFAULT, e) for e in ("tma", "stores")}
+    dkey = {e: kernel_key(DEFAULT, e) for e in EPILOGUES}
     for op, W, (M, N, K) in problems():
         e = epilogue_of(op)
         us, cublas, notes = measured[(M, N, K, e)]

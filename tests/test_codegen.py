@@ -183,6 +183,7 @@ def every_op(n: int = N, world_size: int = W):
             T.copy(ts, T.remote(peer_tile, pe=nxt)[0:64, 0:64])
             T.barrier_all()
             T.sync_all(scope="warp")
+            T.release_stores(flag[6], 2, scope="gpu")
             out[0] = T.cast(d, "int64")
             out[1] = T.cast(e, "int64")
             out[2] = T.cast(g, "int64")
@@ -334,7 +335,7 @@ def test_generated_source_of_distributed_kernel(every_op_build):
                  "tilescale::put_signal<2>", "tilescale::signal_op(", "tilescale::wait_until<unsigned long long>",
                  "tilescale::ld_pe<", "tilescale::st_pe<", "tilescale::atom_add_pe<", "tilescale::atom_cas_pe<",
                  "tilescale::peer_ptr(", "nvshmem_fence()", "nvshmem_quiet()", "tilescale::barrier_all<2>()",
-                 "tilescale::sync_all<1>()"):
+                 "tilescale::sync_all<1>()", "tilescale::release_stores<1, int>("):
         assert call in src, f"{call} missing"
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params

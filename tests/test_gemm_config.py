@@ -150,7 +150,7 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     assert args[6:] == (256, 128, 64, 3, 256, 4)
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
-    assert r[3] == 128 * (8192 // 256)   # completion count per row block: consumer threads x column tiles
+    assert r[3] == 128 // 32 * (8192 // 256)   # completion count per row block: consumer warps x column tiles
     assert r[6:] == (64, 256)             # the reduction's row block follows block_m
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=BIG_M))
     assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
@@ -165,13 +165,14 @@ def test_sweep_candidates_and_problems():
     b = _sweep()
 
     probs = b.problems()
-    assert len(probs) == 2 * (len(b.AG_SHAPES) + len(b.RS_SHAPES))
+    assert len(probs) == 3 * (len(b.AG_SHAPES) + len(b.RS_SHAPES))        # W = 2, 4 and 8
+    assert ("gemm_rs", 8, (8192, 8192, 28672 // 8)) in probs
     assert ("gemm_rs", 4, (8192, 8192, 28672 // 4)) in probs and ("ag_gemm", 4, (8192, 2752, 4096)) in probs
-    for e in ("tma", "stores"):
+    for e in b.EPILOGUES:
         cs = b.candidates(e)
         assert DEFAULT in cs and len(set(cs)) == len(cs)
         assert all(check(c, 1 << 20, 1 << 20, 1 << 20) is None for c in cs)
-    assert all(8192 % c.block_n == 0 for c in b.candidates("stores"))
+    assert all(8192 % c.block_n == 0 for c in b.candidates("signal"))
     for op, W, (M, N, K) in probs:
         ok = [c for c in b.candidates(b.epilogue_of(op)) if check(c, M, N, K, world_size=W, op=op) is None]
         assert 8 <= len(ok) <= 20, (op, W, M, N, K, len(ok))
@@ -215,7 +216,7 @@ def build_jobs() -> dict:
     [ag] = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
     g, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
     stub = stub_libcuda_dir()
-    sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "stores"))
+    sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))
     return {
         "ag_gemm": ag,
         "gemm_rs": g,
@@ -238,14 +239,15 @@ def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     r = gemm_builds["gemm_rs"]
     assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
     assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
-    assert "atom_add" in r.source
+    assert "tma_store" in r.source and "tilescale::release_stores<2" in r.source   # TMA store, then counted
+    assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source
 
 
-def test_sweep_kernel_builds_with_the_stores_epilogue(gemm_builds):
-    r = gemm_builds["sweep"]
-    assert "tma_store" not in r.source and "tma_load" in r.source
+def test_sweep_kernel_builds_with_the_signal_epilogue(gemm_builds):
+    r = gemm_builds["sweep"]   # GEMM+RS's epilogue: a TMA store, then each consumer warp counts it
+    assert "tma_store" in r.source and "tma_load" in r.source and "tilescale::release_stores<2" in r.source
 
 
 # ------------------------------------------------------------------------------------ on GPUs

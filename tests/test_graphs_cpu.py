@@ -119,7 +119,7 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
     """Both kernels of GEMM+RS take their own call counters (one word per block) and the partials' two halves
     (2M rows), and no epoch from the host: the GEMM writes and the reduction reads the half of e % 2, and the
     reduction waits for e x per_block finished stores."""
-    M, N, K, W, per_block, blocks = 1024, 512, 256, 2, 256 * 2, 4
+    M, N, K, W, per_block, blocks = 1024, 512, 256, 2, 256 // 32 * 2, 4
     gemm = gemm_rs.gemm_rs_gemm_kernel.get_tir(M, N, K, W)
     red = gemm_rs.gemm_rs_reduce_kernel.get_tir(M, N, W, per_block, blocks)
     for func, n_counters in ((gemm, (N // 256) * (M // 128)), (red, blocks)):
@@ -130,8 +130,10 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
         src = lower_source(func)
         assert src.count("tilescale::call_number(") == 1, kernel_function(src)
     gemm_src, red_src = kernel_function(lower_source(gemm)), kernel_function(lower_source(red))
-    # the GEMM stores into the half of e % 2 (M x N = 524288 elements further for odd calls)...
-    assert re.search(r"\*\(uint4\*\)\(P \+ \(+\(int\)\(e & \(uint64_t\)1\)\) \* 524288\)", gemm_src), gemm_src
+    # the GEMM stores its tile (a TMA store) into the half of e % 2 (row M = 1024 further for odd calls), then counts
+    # it once written...
+    assert re.search(r"tl::tma_store\(P_desc, .*\(+\(int\)\(e & \(uint64_t\)1\)\) \* 1024\)", gemm_src), gemm_src
+    assert gemm_src.index("tl::tma_store(P_desc") < gemm_src.index("tilescale::release_stores<2, unsigned long long>(")
     # ...the reduction waits for e x per_block finished stores of the row block
     assert re.search(rf"wait_until_pe<unsigned long long>\(.*done\[.*, \(e \* \(uint64_t\){per_block}\),", red_src)
 

@@ -62,7 +62,7 @@ __all__ = [
     "put_signal_block", "put_signal_warp", "put_signal_thread",
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
-    "ld", "st", "atom_add", "atom_cas",
+    "ld", "st", "atom_add", "atom_cas", "release_stores",
     "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
 
@@ -350,6 +350,22 @@ def atom_add(dst, value, *, scope="gpu", sem="relaxed", dst_pe=None):
         return T.call_extern(dt, f"tilescale::atom_add<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw"))
     return T.call_extern(dt, f"tilescale::atom_add_pe<{sem_c}, {scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw"),
                          _pe("atom_add", "dst_pe", dst_pe))
+
+
+def release_stores(counter, value=1, *, scope="sys"):
+    """Count this block's stores into global memory once they are visible at `scope`: each calling thread
+    waits for its own TMA (bulk) stores to be written (``cp.async.bulk.wait_group 0``, then a proxy fence,
+    so they are ordered like its plain stores), its warp converges, and lane 0 adds `value` to the local
+    `counter` (int32/uint32/int64/uint64) with release semantics. A reader that acquires the count (e.g.
+    ``T.wait_until(..., src_pe=...)``) then sees every store made before it.
+
+    Every thread of each calling warp must call it (a warp-level step). The counter grows by `value` per
+    warp: a block whose W consumer warps call it after storing a tile adds W x `value`, not one per thread.
+    torch has no equivalent (it orders whole kernels, not tiles): "tile written" -> ``counter += warps``."""
+    scope_c = _pick("release_stores", "scope", scope, _SCOPES)
+    t, dt = _scalar("release_stores", "counter", counter, _WAIT_DTYPES)
+    v = _value("release_stores", "value", value, dt)
+    T.evaluate(T.call_extern("handle", f"tilescale::release_stores<{scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw")))
 
 
 def atom_cas(dst, compare, value, *, scope="gpu", sem="relaxed", dst_pe=None):

@@ -18,8 +18,9 @@ Signal protocol of one call. Its call number e = 1, 2, ... is counted on the dev
 double-buffered by e % 2 (``P`` holds both: rows ``(e % 2) * M + ...``): a call captured in a CUDA graph
 sees a new e on every replay, and replays and eager calls may be interleaved.
 
-1. GEMM (main stream): every thread that stored part of a tile of row block rb into ``P[e % 2]`` adds
-   1 to ``done[rb]`` (release, system scope); a row block is complete at ``e * threads * tiles_n``;
+1. GEMM (main stream): a block stores its tile of row block rb into ``P[e % 2]`` with one TMA store; each of
+   its consumer warps waits until that store is written, then adds 1 to ``done[rb]`` (release, system
+   scope; ``T.release_stores``); a row block is complete at ``e * (threads / 32) * tiles_n``;
 2. reduction (side stream), for each row block of this rank's chunk, for each rank s in the order the
    blocks complete (rank-1, rank-2, ..., rank): wait until s's ``done[rb]`` is complete (acquire,
    system scope; polled through the peer mapping, or with NVSHMEM atomic fetches for another node),
@@ -58,9 +59,8 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
             p = T.cast(e % 2, "int32")                        # this call's half of P
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
-            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, True, c_rb=p * tiles_m + rb)  # vector stores by
-            # every thread...
-            T.atom_add(done[rb], 1, scope="sys", sem="release")       # ...each released by its thread
+            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, False, c_rb=p * tiles_m + rb)  # a TMA store
+            T.release_stores(done[rb], 1, scope="sys")      # once written: one release per consumer warp
 
     return gemm_rs_gemm
 
@@ -118,7 +118,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
-    per_block = cfg.threads * (N // cfg.block_n)
+    per_block = cfg.threads // 32 * (N // cfg.block_n)     # T.release_stores: one count per consumer warp
     return [(gemm_rs_gemm_kernel, (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k,
                                    cfg.stages, cfg.threads, cfg.swizzle)),
             (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]

@@ -324,6 +324,18 @@ __device__ __forceinline__ T atom_add(T v, void* p) {
   }
   return old;
 }
+// T.release_stores(counter, value, scope=): the stores of this warp (TMA stores included: this thread's bulk
+// groups are waited for, then a proxy fence orders them like plain stores) become visible before lane 0's
+// release add. Warp-level: every lane of the warp calls it; the counter grows by `v` per warp.
+template <int SCOPE, typename T>
+__device__ __forceinline__ void release_stores(T v, void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async;" ::: "memory");
+#endif
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) atom_add<kRelease, SCOPE, T>(v, p);
+}
 template <int SEM, int SCOPE, typename T>
 __device__ __forceinline__ T atom_cas(T compare, T v, void* p) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "tilescale::atom_cas supports 32- and 64-bit types");
