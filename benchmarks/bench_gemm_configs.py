@@ -9,8 +9,9 @@
 The kernel is the fused ops' tile loop (tilescale/ops/gemm.py) without waits or counts: TMA loads
 of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global with a TMA
 store (`epilogue` "tma", as in AG+GEMM), or with a TMA store whose completion each consumer warp then counts
-with a release add (`T.release_stores`, "signal", as in GEMM+RS, so its epilogue costs what it costs there). M, N and K are
-run-time sizes, so one build per configuration serves every shape; all builds run in parallel threads.
+with a release add (`T.release_stores`, "signal", as in GEMM+RS, so its epilogue costs what it costs there).
+M, N and K are run-time sizes, so one build per configuration serves every shape; all builds run in parallel
+threads.
 
 Shapes: the per-rank GEMMs of the fused-kernel baselines (DEVICE.md) at W = 2, 4 and 8, bf16:
 AG+GEMM (M, K) x (K, N) with the full M (the same GEMM for every W; W only limits block_m), GEMM+RS
