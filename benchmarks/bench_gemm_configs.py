@@ -1,7 +1,6 @@
 """Tile configurations of the GEMM inside the fused kernels, per shape, on ONE GPU (no communication).
 
-    python benchmarks/bench_gemm_configs.py --json gemm_configs.json          # ~1-3 min on one H200
-    GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --json gemm_configs.json
+    GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --json gemm_configs.json   # ~2 min on one H200
     python benchmarks/bench_gemm_configs.py --dry-run                         # candidates per shape, no GPU
     python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
@@ -178,13 +177,14 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
     B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
     ref = torch.matmul(A, B)
     C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    done = torch.zeros(math.ceil(M / 64), device="cuda", dtype=torch.uint64)   # counts of "signal" (any block_m)
+    dones = {}   # block_m -> the counts of "signal" (one word per row of tiles; every kernel takes one)
     fns, notes = {"cublas": lambda: torch.matmul(A, B, out=C)}, {}
     for key in cands:
         k = kernels.get(key)
         if k is None:
             continue
         C.fill_(float("nan"))
+        done = dones.setdefault(key[0], torch.zeros(math.ceil(M / key[0]), device="cuda", dtype=torch.uint64))
         try:
             k(A, B, C, done)
             torch.cuda.synchronize()
@@ -195,7 +195,7 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
         if not err < 1e-2:
             notes[key] = f"wrong result (max rel err {err:.3g} vs cuBLAS)"
             continue
-        fns[key] = (lambda k=k: k(A, B, C, done))
+        fns[key] = (lambda k=k, done=done: k(A, B, C, done))
     for fn in fns.values():   # warm-up
         fn()
     torch.cuda.synchronize()
@@ -356,9 +356,18 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         print("bench_gemm_configs: no GPU visible (use --dry-run or --compile-check here)", file=sys.stderr)
         sys.exit(2)
-    if int(os.environ.get("RANK", "0")) != 0:   # under launch.sh with GPUS > 1: one process does the work
-        return
-    run(args)
+    if "WORLD_SIZE" not in os.environ:   # the "signal" epilogue (GEMM+RS's) links NVSHMEM: it needs the runtime
+        print("bench_gemm_configs: run it through launch.sh (GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py): "
+              "GEMM+RS's epilogue kernels need tilescale's distributed runtime", file=sys.stderr)
+        sys.exit(2)
+    from tilescale import runtime
+
+    tilescale.init_distributed()
+    try:
+        if runtime.current().info.rank == 0:   # with GPUS > 1: one process does the work
+            run(args)
+    finally:
+        tilescale.finalize()
 
 
 if __name__ == "__main__":
