@@ -392,6 +392,69 @@ def test_masked_off_types_produce_nothing_and_cost_nothing():
     assert profiling.call("AllGather") is None and profiling.current is None
 
 
+class LiveRecorder(RecordingProfiler):
+    live = True   # delivered as events happen: the reference the raw records must reproduce
+
+
+def _session_events(gpu, profiler):
+    with tp.profile(None, clock=gpu.clock(), profiler=profiler, rank=0, world_size=2, merge=False) as s:
+        with tp.group("step", i=3):
+            fused_call(FakeKernel("ag_gemm"), FakeKernel("ag_gemm", gpu, rank=0))
+            for _ in range(2):
+                coll_call()
+        with tp.group("after"):
+            pass
+    return s.profiler.events()
+
+
+def test_raw_records_become_the_events_a_live_profiler_gets(monkeypatch):
+    """The hot path appends tuples (perf_counter_ns) and the recorder builds its events at the end: the same
+    events, names, parents, tracks, args and states as a profiler called as the events happen, with times
+    on the wall clock."""
+    def fresh():
+        g = FakeGPU()
+        monkeypatch.setattr(profiling, "_record_event", lambda stream: g.event(stream))
+        monkeypatch.setattr(profiling, "_current_stream", lambda: FakeStream(7))
+        return g
+
+    t0 = time.time_ns()
+    deferred = _session_events(fresh(), RecordingProfiler())
+    live = _session_events(fresh(), LiveRecorder())
+    t1 = time.time_ns()
+
+    def shape(events):
+        return [(e["id"], e["parent"], e["type"], e["name"], e["track"], e["args"], e["states"]) for e in events]
+
+    assert len(deferred) == 20 and shape(deferred) == shape(live)
+    for e in deferred:
+        assert e["end_ns"] >= e["start_ns"], e
+        if e["track"] == "host":   # host events: perf_counter_ns mapped onto time.time_ns
+            assert t0 <= e["start_ns"] <= e["end_ns"] <= t1, e
+    byid = {e["id"]: e for e in deferred}
+    for e in deferred:   # strictly inside the parent on the host (the call contains its LAUNCH)
+        p = byid.get(e["parent"])
+        if p is not None and e["track"] == p["track"] == "host":
+            assert p["start_ns"] < e["start_ns"] and e["end_ns"] < p["end_ns"], (p, e)
+
+
+def test_hot_path_only_appends(gpu):
+    """While a session records, op calls reach no profiler method; everything arrives, in order, when the
+    session ends (RecordingProfiler.events() flushes first)."""
+    p = CountingProfiler()
+    with tp.profile(None, mask="host", profiler=p, merge=False) as s:
+        for _ in range(3):
+            coll_call()
+        assert [c[0] for c in p.calls] == ["init"] and len(s.raw) == 6
+        assert all(type(r) is tuple for r in s.raw)
+    kinds = [c[0] for c in p.calls]
+    assert kinds == ["init"] + ["start", "start", "state", "stop", "state", "stop"] * 3 + ["finalize"]
+    rec = RecordingProfiler()
+    with tp.profile(None, mask="host", profiler=rec, merge=False) as s:
+        coll_call()
+        assert len(s.raw) == 2
+        assert [e["type"] for e in rec.events()] == ["COLL", "LAUNCH"] and not s.raw   # read: flushed
+
+
 # ----------------------------------------------------------------------------- user profilers
 def test_user_profiler_registration_receives_calls_in_order(gpu, tmp_path):
     p = CountingProfiler()
@@ -818,6 +881,37 @@ def test_ag_gemm_with_timestamps_compiles(build_env, tmp_path, monkeypatch):
     body = off[off.index('extern "C" __global__ void __launch_bounds__'):].split("{", 1)[1]
     missing = [ln for ln in body.splitlines() if ln.strip() and "<site>" not in ln and ln not in kernel]
     assert not missing, missing[:5]
+
+
+def test_ag_gemm_timestamps_stay_out_of_the_mainloop(build_env):
+    """What the instrumented GEMM adds is what costs nothing in its pipeline (profile_ag_gemm's timestamp
+    overhead): three %globaltimer reads and the record stores, each by one thread (thread 0 before and after
+    the chunk wait, the first consumer thread after the TMA store), none in a K loop, and no call, atomic or
+    fence."""
+    from tilescale.compiler import lower_source
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel
+
+    src = lower_source(ag_gemm_kernel.get_tir(*AG_ARGS, profile=True), target=SM90, build_mode="inlined")
+    body = src[src.index('extern "C" __global__ void __launch_bounds__'):]
+    lines = body.splitlines()
+    stamps = [i for i, ln in enumerate(lines) if "tilescale_profile_timestamp()" in ln or "prof[" in ln]
+    assert len(stamps) == 8 and sum("tilescale_profile_timestamp()" in lines[i] for i in stamps) == 3
+    for i in stamps:
+        depth, guard = 0, None   # walk out of the enclosing blocks: the innermost `if` and any loop
+        for j in range(i - 1, -1, -1):
+            ln = lines[j]
+            depth += ln.count("}") - ln.count("{")
+            if depth < 0:
+                if guard is None:
+                    guard = ln.strip()
+                assert not ln.strip().startswith(("for ", "while ")), f"stamp in a loop: {lines[i]}"
+                depth = 0
+        assert re.fullmatch(r"if \(\(\(int\)threadIdx\.x\) == (0|128)\) \{", guard), (guard, lines[i])
+    assert "atomic" not in "\n".join(lines[i] for i in stamps)
+    # the profile.cuh functions are inlined asm (no call: ptxas would serialise wgmma, C7510)
+    from tilescale.language.profile import device_source
+
+    assert device_source().count("__device__ __forceinline__") == 2 and "noinline" not in device_source()
 
 
 # ---------------------------------------------------------------------- the picture (benchmark)

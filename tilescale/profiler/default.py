@@ -55,7 +55,10 @@ class RecordingProfiler(Profiler):
 
     def events(self) -> list[dict]:
         """Every event of the session: id, parent (id or None), type (name), name, track, start_ns, end_ns
-        (None while open), args, states [(state, args)]."""
+        (None while open), args, states [(state, args)]. The session's records so far are delivered first."""
+        flush = self.context.flush if self.context is not None else None
+        if flush is not None:
+            flush()
         return [{"id": h[ID], "parent": h[PARENT], "type": h[TYPE].name, "name": h[NAME], "track": h[TRACK],
                  "start_ns": h[START], "end_ns": h[END], "args": h[ARGS], "states": h[STATES] or []}
                 for h in self._events]

@@ -127,12 +127,18 @@ class Profiler:
 
     Order of calls, per session: ``init`` once; then for each event ``start_event`` (parents before
     children), any number of ``record_event_state`` on its handle, and ``stop_event``; ``finalize`` once.
-    Device events (KERNEL, WAIT, TILE, COPY) are reported when the session ends, after the GPU finished
+    Host events reach the profiler when the session ends or flushes (unless ``live``), device events (KERNEL,
+    WAIT, TILE, COPY) when the session ends, after the GPU finished
     (as NCCL reports kernel events late): a handle must stay valid after its ``stop_event`` until
     ``finalize``, because later events may name it as their parent.
     """
 
     name = "profiler"
+    live = False
+    """False (default): the session records host events as raw tuples on the hot path and delivers them,
+    in order, when it ends (or flushes: ``context.flush()``); each stop then comes as an END state with its
+    time, then ``stop_event``. True: each event is delivered as it happens (every op call pays this
+    profiler's methods)."""
 
     def init(self, context: ProfilerContext, rank: int, world_size: int, mask: EventType) -> EventType | None:
         """Start of a session. `mask` is what the session asks for; return the mask this profiler wants
@@ -160,9 +166,10 @@ class ProfilerContext:
 
     `out_dir`: where the session's files go (None: keep in memory). `clock`: the GPU -> host clock
     mapping when one was measured (:class:`tilescale.profiler.device_timeline.ClockSync`). `state` is
-    the profiler's own slot."""
+    the profiler's own slot. `flush()` delivers the events the session recorded so far (set by the session)."""
 
     name: str = "tilescale"
     out_dir: str | None = None
     clock: Any = None
     state: Any = None
+    flush: Any = None

@@ -8,11 +8,18 @@ Ops guard every use with one check, so that a run without profiling pays one att
 ``current`` is the active :class:`Session`, or None. Before anything decided it holds a sentinel
 (not None), so the first op call lands in :func:`call`, which reads ``TILESCALE_PROFILE`` once and
 either starts a session for the whole run or sets ``current = None``.
+
+The hot path appends raw tuples. A session hands out its own event handles (ints); every start, stop and
+state change is one tuple appended to ``Session.raw`` (host times from ``time.perf_counter_ns``), and the
+profiler receives them, in order and with their times mapped to ``time.time_ns``, when the session ends
+or :meth:`Session.flush` runs (``RecordingProfiler.events()`` flushes first). A profiler whose class sets
+``live = True`` is flushed after every record instead (it sees events as they happen, at the old cost).
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -25,6 +32,19 @@ from .events import EventDescr, EventState, EventType, Profiler, ProfilerContext
 
 log = logging.getLogger("tilescale")
 _KERNEL, _COPY, _TILES = int(EventType.KERNEL), int(EventType.COPY), int(EventType.WAIT | EventType.TILE)
+_LAUNCH, _COLL, _FUSED = int(EventType.LAUNCH), int(EventType.COLL), int(EventType.FUSED)
+_TYPES = {int(t): t for t in EventType}   # bit -> EventType, when raw records become descriptors
+_now = time.perf_counter_ns               # the hot path's clock (mapped to time.time_ns in flush)
+_NO_ARGS: dict = {}
+# raw records (Session.raw), one tuple per profiler call, built on the hot path:
+#   (_START, id, type bit, name, parent id | None, track, perf_counter_ns, args)    a host event starts now
+#   (_START_AT, id, type bit, name, parent id | None, track, time_ns, args)          an event that started at
+#   (_STOP, id, perf_counter_ns)       (_STOP_AT, id, time_ns)                       it ended now / at
+#   (_STATE, id, EventState, args)
+# and, for an op call and its LAUNCH (OpCall: one append at its start, one at its end):
+#   (_START2, call id, type bit, name, parent id | None, perf_counter_ns, args, launch id, launch name, perf_ns)
+#   (_STOP2, launch id, perf_counter_ns, call id, perf_counter_ns)
+_START, _START_AT, _START2, _STOP, _STOP_AT, _STOP2, _STATE = range(7)
 
 
 class _Unset:
@@ -114,6 +134,12 @@ class Session:
         if self.clock is None:  # GPU-side events need the GPU clock on the host's
             self.mask &= ~(EventType.DEVICE | EventType.COPY)
         self.bits = int(self.mask)   # the hot paths test plain ints (IntFlag's & costs a microsecond)
+        self.raw: list[tuple] = []    # records not yet delivered to the profiler (see the module doc)
+        self.next_id = itertools.count(1).__next__   # the session's event handles
+        self.live = bool(getattr(profiler, "live", False))
+        self._handles: dict[int, Any] = {}   # session handle -> the profiler's handle (delivered events)
+        self._clock0 = _perf_to_wall()       # (perf_counter_ns, time_ns - perf_counter_ns) at the start
+        self.context.flush = self.flush
         self.groups: list = []
         self.pending: list = []       # DeviceRecord / CopyRecord, decoded in stop()
         self.streams: dict[int, str] = {}
@@ -121,33 +147,84 @@ class Session:
         if self.mask & (EventType.KERNEL | EventType.COPY):
             self.track_of(_current_stream())   # the stream ops launch on is "stream 0"
 
-    # -- the profiler API, filtered by the mask
+    # -- the profiler API, filtered by the mask; handles are the session's ints (None: type not recorded)
     def on(self, t: EventType) -> bool:
         return bool(self.bits & t._value_)
 
     def start(self, type: EventType, name: str, parent=None, track: str = "host", start_ns: int | None = None,
               **args):
-        """Start an event if its type is active; returns its handle, or None."""
-        if not self.bits & type._value_:
+        """Start an event if its type is active (now, or at host time `start_ns`); returns its handle, or
+        None."""
+        bit = type._value_
+        if not self.bits & bit:
             return None
-        return self.profiler.start_event(EventDescr(type, name, parent, self.rank, track, start_ns, args))
+        h = self.next_id()
+        if start_ns is None:
+            self.raw.append((_START, h, bit, name, parent, track, _now(), args))
+        else:
+            self.raw.append((_START_AT, h, bit, name, parent, track, start_ns, args))
+        if self.live:
+            self.flush()
+        return h
 
     def stop(self, handle, end_ns: int | None = None) -> None:
         if handle is None:
             return
-        if end_ns is not None:
-            self.profiler.record_event_state(handle, EventState.END, {"end_ns": end_ns})
-        self.profiler.stop_event(handle)
+        self.raw.append((_STOP, handle, _now()) if end_ns is None else (_STOP_AT, handle, end_ns))
+        if self.live:
+            self.flush()
 
     def state(self, handle, state: EventState, **args) -> None:
         if handle is not None:
-            self.profiler.record_event_state(handle, state, args)
+            self.raw.append((_STATE, handle, state, args))
+            if self.live:
+                self.flush()
 
     def span(self, type: EventType, name: str, parent, track: str, start_ns: int, end_ns: int, **args):
         """An event that already happened (device events): start, END state, stop. Returns the handle."""
         h = self.start(type, name, parent, track, start_ns, **args)
         self.stop(h, end_ns)
         return h
+
+    def flush(self) -> None:
+        """Deliver the raw records to the profiler, in order: ``start_event`` (with ``start_ns`` on the host
+        clock), ``record_event_state``, and per stop an END state with its time, then ``stop_event``."""
+        raw = self.raw
+        if not raw:
+            return
+        records = raw[:]
+        raw.clear()
+        # perf_counter_ns -> time_ns: the offsets at the session's start and now, interpolated (the wall clock
+        # may be slewed while the session runs; the GPU clock is mapped to the wall clock the same way)
+        (p0, o0), (p1, o1) = self._clock0, _perf_to_wall(1 if self.live else 5)
+        span = max(p1 - p0, 1)
+
+        def wall(t: int) -> int:
+            return t + o0 + (o1 - o0) * (t - p0) // span
+
+        p, hs, rank = self.profiler, self._handles, self.rank
+        end = EventState.END
+        for r in records:
+            kind = r[0]
+            if kind == _START or kind == _START_AT:
+                _, h, bit, name, parent, track, t, args = r
+                hs[h] = p.start_event(EventDescr(_TYPES[bit], name, None if parent is None else hs[parent], rank,
+                                                 track, wall(t) if kind == _START else t, args))
+            elif kind == _START2:
+                _, c, bit, name, parent, t, args, h, launch, tl = r
+                hs[c] = pc = p.start_event(EventDescr(_TYPES[bit], name, None if parent is None else hs[parent], rank,
+                                                      "host", wall(t), args))
+                hs[h] = p.start_event(EventDescr(EventType.LAUNCH, launch, pc, rank, "host", wall(tl), {}))
+            elif kind == _STATE:
+                p.record_event_state(hs[r[1]], r[2], r[3])
+            elif kind == _STOP2:
+                for ph, t in ((hs[r[1]], r[2]), (hs[r[3]], r[4])):
+                    p.record_event_state(ph, end, {"end_ns": wall(t)})
+                    p.stop_event(ph)
+            else:
+                ph = hs[r[1]]
+                p.record_event_state(ph, end, {"end_ns": wall(r[2]) if kind == _STOP else r[2]})
+                p.stop_event(ph)
 
     def track_of(self, stream) -> str:
         """'stream N' for a CUDA stream (numbered in order of first use in this session)."""
@@ -174,6 +251,7 @@ class Session:
                 for p in self.pending:
                     p.report(self)
                 self.pending.clear()
+            self.flush()
         finally:
             self.profiler.finalize()
 
@@ -195,18 +273,30 @@ class OpCall:
 
     __slots__ = ("s", "call", "copies", "open_launch")
 
-    def __init__(self, s: Session, name: str, type: EventType, args: dict, launch: str | None = None):
+    def __init__(self, s: Session, name: str, bit: int, args: dict, launch: str | None = None):
+        # the hot path of every profiled op call: one raw append for the call and its LAUNCH
         self.s = s
-        self.call = s.start(type, name, s.groups[-1] if s.groups else None, **args)
+        g = s.groups
+        self.call = c = s.next_id()
         self.copies: list[CopyStream] = []
-        self.open_launch = None
-        if launch is not None:  # a LAUNCH from now until end() (ops that launch one kernel)
-            h = s.start(EventType.LAUNCH, launch, self.call)
+        if launch is None:
+            s.raw.append((_START, c, bit, name, g[-1] if g else None, "host", _now(), args))
+            self.open_launch = None
+        else:  # a LAUNCH from now until end() (ops that launch one kernel)
+            bits = s.bits
+            if bits & _LAUNCH:
+                h = -c   # the LAUNCH's handle: ids are positive
+                s.raw.append((_START2, c, bit, name, g[-1] if g else None, _now(), args, h, launch, _now()))
+            else:
+                h = None
+                s.raw.append((_START, c, bit, name, g[-1] if g else None, "host", _now(), args))
             st = ev0 = None
-            if s.bits & _KERNEL:
+            if bits & _KERNEL:
                 st = _current_stream()
                 ev0 = _record_event(st)
             self.open_launch = (h, launch, st, ev0)
+        if s.live:
+            s.flush()
 
     # copy-engine chunks (COPY events), stream by stream
     def copies_begin(self, stream, src: int) -> None:
@@ -274,18 +364,25 @@ class OpCall:
 
     def end(self) -> None:
         s = self.s
-        self._copies_enqueued()
+        if self.copies:
+            self._copies_enqueued()
+        h = None
         if self.open_launch is not None:
             h, name, st, ev0 = self.open_launch
-            s.stop(h)
             if ev0 is not None:
                 s.pending.append(DeviceRecord(h, name, s.track_of(st), ev0, _record_event(st), None))
             self.open_launch = None
-        for cs in self.copies:
-            s.pending.append(CopyRecord(cs))
-        self.copies = []
-        s.stop(self.call)
+        if self.copies:
+            for cs in self.copies:
+                s.pending.append(CopyRecord(cs))
+            self.copies = []
+        if h is None:
+            s.raw.append((_STOP, self.call, _now()))
+        else:   # the LAUNCH, then the call
+            s.raw.append((_STOP2, h, _now(), self.call, _now()))
         self.call = None
+        if s.live:
+            s.flush()
 
 
 def _current_stream():
@@ -364,10 +461,10 @@ def call(name: str, kind: str = "coll", *, launch: str | None = None, **args) ->
         s = _from_env()
     if s is None:
         return None
-    type = EventType.FUSED if kind == "fused" else EventType.COLL
-    if not s.bits & type._value_:
+    bit = _FUSED if kind == "fused" else _COLL
+    if not s.bits & bit:
         return None
-    return OpCall(s, name, type, args, launch)
+    return OpCall(s, name, bit, args, launch)
 
 
 def _from_env():
@@ -480,6 +577,19 @@ def group(name: str, **args) -> Iterator[Any]:
     finally:
         s.groups.pop()
         s.stop(h)
+
+
+def _perf_to_wall(samples: int = 5) -> tuple[int, int]:
+    """(perf_counter_ns, time_ns - perf_counter_ns): the wall clock read between two reads of the hot path's
+    clock, the tightest of `samples`."""
+    best = None
+    for _ in range(samples):
+        a = _now()
+        w = time.time_ns()
+        b = _now()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) // 2, w - (a + b) // 2)
+    return best[1], best[2]
 
 
 def now_ns() -> int:
