@@ -194,6 +194,18 @@ PROBES = {
 }
 
 
+def test_raw_stream_query_is_torchs_and_the_ops_stream_getter_uses_it(monkeypatch):
+    import torch
+
+    from tilescale.ops import vectors
+
+    assert compat.raw_stream_query() is torch._C._cuda_getCurrentRawStream
+    seen = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: seen.append(dev) or 0x5100 + dev)
+    get = vectors.stream_getter(3)      # the handle Op.begin returns (AG+GEMM's stream 0)
+    assert get() == 0x5103 and seen == [3]
+
+
 def test_every_upstream_api_has_a_probe():
     assert {u.name for u in compat.UPSTREAM} == set(PROBES)
 

@@ -6,8 +6,8 @@ function here, which imports it when first called (``import tilescale`` stays li
 that moves one breaks this file only; tests/test_compat.py imports every one and names what breaks when it
 moves. ``UPSTREAM`` lists them with what tilescale needs each for.
 
-Known but not yet routed here: ``tilescale/ops/capture.py``, ``ops/base.py`` and ``ops/vectors.py`` call
-``torch._C._cuda_isCurrentStreamCapturing`` / ``torch._C._cuda_getCurrentRawStream``, ``ops/prebuild.py``
+Known but not yet routed here: ``tilescale/ops/capture.py`` and ``ops/base.py`` call
+``torch._C._cuda_isCurrentStreamCapturing``, ``ops/prebuild.py``
 ``torch.distributed.distributed_c10d._get_default_store``, and ``ops/direct_launch.py`` reads tilelang's
 generated host ``call(...)`` with a regex (see ``UPSTREAM``; the ops rewrite moves them here).
 """
@@ -49,7 +49,8 @@ UPSTREAM: tuple[Upstream, ...] = (
     Upstream("torch.distributed.distributed_c10d._get_default_store",
              "job-wide abort (diagnostics.py; ops/prebuild.py too)"),
     Upstream("torch._C._cuda_isCurrentStreamCapturing", "CUDA graph capture of the ops (ops/base.py, ops/capture.py)"),
-    Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (ops/vectors.py)"),
+    Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (Op.begin: ops/vectors.py "
+                                                   "stream_getter, through raw_stream_query)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
 )
 
@@ -170,3 +171,12 @@ def default_store():
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
+
+
+def raw_stream_query():
+    """torch's ``_cuda_getCurrentRawStream(device_index)``: the current CUDA stream of a device as a raw handle
+    (an int), with no ``torch.cuda.Stream`` object made (the ops' per-call stream read); None where torch has
+    none (the caller then reads ``torch.cuda.current_stream().cuda_stream``)."""
+    import torch
+
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -90,6 +90,89 @@ int ts_stream_wait_geq_u64(void* stream, void* addr, unsigned long long value) {
   return (int)fn((CUstream)stream, (CUdeviceptr)addr, (cuuint64_t)value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
+// A program of stream operations, issued in array order by one call (AG+GEMM's host steps: one ctypes call
+// instead of one per operation). Each op names its stream by an index into `streams` (the caller's current
+// stream changes from call to call; the op's other streams do not). Kinds (TS_OP_*, tilescale/ops/stream_ops.py
+// packs them): a 64-bit stream write `*a = b` and a stream wait `*a >= b` (as ts_stream_write_u64 /
+// ts_stream_wait_geq_u64); a copy of `n` bytes from `b` to `a` (cuMemcpyAsync, what torch's copy_ of contiguous
+// tensors of one device issues); NVSHMEM's on-stream get of `n` bytes of symmetric `b` on PE `pe` into `a` (as
+// ts_getmem_on_stream); NVSHMEM's signal add `*a += b` on PE `pe` (as ts_signal_add_on_stream); an event record
+// and an event wait (`a`: the CUevent, as torch's Event.record / Stream.wait_event); `n` zero bytes at `a`
+// (cuMemsetD8Async). Returns 0, or the failing op's CUresult (-1: a driver entry point is missing) with its
+// index in `*failed`; the ops before it were issued.
+struct ts_stream_op {
+  unsigned long long a, b, n;
+  int kind, stream, pe, pad;
+};
+static_assert(sizeof(ts_stream_op) == 40, "ts_stream_op: 40 bytes (tilescale/ops/stream_ops.py's StreamOp)");
+enum { TS_OP_WRITE = 1, TS_OP_WAIT_GEQ = 2, TS_OP_COPY = 3, TS_OP_GET = 4, TS_OP_SIGNAL_ADD = 5,
+       TS_OP_EVENT_RECORD = 6, TS_OP_EVENT_WAIT = 7, TS_OP_ZERO = 8 };
+
+namespace {
+struct DriverOps {
+  CUresult (*write)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  CUresult (*wait)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  CUresult (*copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*zero)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*record)(CUevent, CUstream);
+  CUresult (*wait_event)(CUstream, CUevent, unsigned int);
+};
+const DriverOps& driver_ops() {  // looked up once (a C++11 static: thread-safe)
+  static const DriverOps d = {
+      driver_entry<decltype(DriverOps::write)>("cuStreamWriteValue64", 12000),
+      driver_entry<decltype(DriverOps::wait)>("cuStreamWaitValue64", 12000),
+      driver_entry<decltype(DriverOps::copy)>("cuMemcpyAsync", 12000),
+      driver_entry<decltype(DriverOps::zero)>("cuMemsetD8Async", 12000),
+      driver_entry<decltype(DriverOps::record)>("cuEventRecord", 12000),
+      driver_entry<decltype(DriverOps::wait_event)>("cuStreamWaitEvent", 12000)};
+  return d;
+}
+}  // namespace
+
+int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed) {
+  const DriverOps& d = driver_ops();
+  for (int i = 0; i < n; ++i) {
+    const ts_stream_op& o = ops[i];
+    CUstream s = (CUstream)streams[o.stream];
+    int rc = -1;
+    switch (o.kind) {
+      case TS_OP_WRITE:
+        if (d.write) rc = (int)d.write(s, (CUdeviceptr)o.a, (cuuint64_t)o.b, CU_STREAM_WRITE_VALUE_DEFAULT);
+        break;
+      case TS_OP_WAIT_GEQ:
+        if (d.wait) rc = (int)d.wait(s, (CUdeviceptr)o.a, (cuuint64_t)o.b, CU_STREAM_WAIT_VALUE_GEQ);
+        break;
+      case TS_OP_COPY:
+        if (d.copy) rc = (int)d.copy((CUdeviceptr)o.a, (CUdeviceptr)o.b, (size_t)o.n, s);
+        break;
+      case TS_OP_GET:
+        nvshmemx_getmem_on_stream((void*)o.a, (const void*)o.b, (size_t)o.n, o.pe, (cudaStream_t)s);
+        rc = 0;
+        break;
+      case TS_OP_SIGNAL_ADD:
+        nvshmemx_signal_op_on_stream((uint64_t*)o.a, (uint64_t)o.b, NVSHMEM_SIGNAL_ADD, o.pe, (cudaStream_t)s);
+        rc = 0;
+        break;
+      case TS_OP_EVENT_RECORD:
+        if (d.record) rc = (int)d.record((CUevent)o.a, s);
+        break;
+      case TS_OP_EVENT_WAIT:
+        if (d.wait_event) rc = (int)d.wait_event(s, (CUevent)o.a, 0);
+        break;
+      case TS_OP_ZERO:
+        if (d.zero) rc = (int)d.zero((CUdeviceptr)o.a, 0, (size_t)o.n, s);
+        break;
+      default:
+        rc = -2;
+    }
+    if (rc != 0) {
+      if (failed) *failed = i;
+      return rc;
+    }
+  }
+  return 0;
+}
+
 void ts_finalize() { nvshmemx_hostlib_finalize(); }
 
 }  // extern "C"

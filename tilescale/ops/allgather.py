@@ -178,11 +178,15 @@ class AllGather(DoubleBuffered):
 
     def __call__(self, x, out=None):
         stream = self.begin(x, out)
-        if not x.is_contiguous() or x.data_ptr() % 16:
+        p = x.data_ptr()
+        if p & 15 or not x.is_contiguous():
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
+            p = x.data_ptr()
         rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes) if profiling.current is not None else None
-        if self._direct is not None:
-            self.launch_direct(x.data_ptr(), *self._ptrs, self.n, stream)
+        direct = self._direct
+        if direct is not None:   # Op.launch_direct, inline
+            if direct[0](p, *self._ptrs, self.n, stream):
+                raise self.launch_error()
         else:
             self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
         if rec is not None:  # tilescale.profiler: the call and its launch end here

@@ -37,6 +37,12 @@ slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): 
 Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
 src's next set of ``ready[src]`` waits for (its 1, 2); my reset of ``freed[q]`` (1) precedes my ``ready``
 signal to q, which q's next set of ``freed[q]`` waits for (its 3, 4).
+
+How the host issues a call: steps 1-4 are one program of stream operations (:mod:`.stream_ops`, built once by
+``AGGemm._plan``: the flag writes and waits, the copies, NVSHMEM's gets and signals and the events, in the
+order above, each on its stream), issued by one call of the runtime shim; then the GEMM (5, through the
+kernel's C entry point); then step 6, a second program. A non-contiguous `a_local` is copied by torch between
+step 1 and the rest of the program; a profiled call issues the same steps one by one from Python.
 """
 
 import tilescale
@@ -45,6 +51,7 @@ import tilescale.language as T
 from ..profiler import session as profiling
 from ..profiler.device_timeline import TILE_WORDS
 from . import checks, op_cache
+from . import stream_ops as so
 from .base import Op
 from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
 
@@ -158,9 +165,86 @@ class AGGemm(Op):
         self._ready_here = [self.ready.data_ptr() + 8 * q for q in range(W)]     # rank q's word here
         self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
         self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
-        self.kernel, _ = self.build(fn, self.args)
+        self._slot = self.a_full[self.rank * self.rows:(self.rank + 1) * self.rows]   # my rows of A_full (step 2)
+        self.kernel, self._direct = self.build(fn, self.args, ("A", "B", "C", "arrived"))
+        self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches the GEMM
         self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
         self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
+        # the gate of step 3 and a join per copy stream (step 6): made once, recorded once here (a CUDA event
+        # exists from its first record), reused by every call (a wait sees the record made before it)
+        self._gate, self._joins = torch.cuda.Event(), [torch.cuda.Event() for _ in self.streams]
+        main = torch.cuda.current_stream()
+        for e in (self._gate, *self._joins):
+            e.record(main)
+        main.synchronize()
+        self._plan(a_full=self.a_full.data_ptr(), row_bytes=self.K * self.a_full.element_size(),
+                   peer_at=[None if t is None else t.data_ptr() for t in self._peers],
+                   streams=[s.cuda_stream for s in self.streams], gate=self._gate.cuda_event,
+                   joins=[e.cuda_event for e in self._joins], arrived=self.arrived.data_ptr(),
+                   arrived_bytes=self.arrived.nbytes)
+
+    def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, gate: int, joins: list,
+              arrived: int, arrived_bytes: int) -> None:
+        """The host steps of a call (module docstring, 1-6) as programs of stream operations, issued by one shim
+        call each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``),
+        in the order of the steps: ``_pre`` (1-4: everything before the GEMM; the copy of `a_local` is op
+        ``_copy_at``, whose source each call sets), or ``_pre_head`` (1), a torch copy, ``_pre_tail`` (2-4) when
+        `a_local` is not contiguous; then the GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node:
+        the address of its A_full; else None), `gate`, `joins`, `arrived`: raw addresses and handles."""
+        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
+        peers = [(r + j) % W for j in range(1, W)]
+        step = rows // chunks
+        ops = []
+
+        def add(kind, a, b=0, n=0, stream=0, pe=0):
+            ops.append((kind, a, b, n, stream, pe))
+
+        def signal(flag, pe, stream):     # my word of `flag` on rank pe := 1 (a stream write, or NVSHMEM's add)
+            if peer_at[pe] is not None:
+                add(so.WRITE, self._flag_at[flag][pe], 1, stream=stream)
+            else:
+                add(so.SIGNAL_ADD, self._flag_at[flag][pe], 1, stream=stream, pe=pe)
+
+        for q in peers:                                                                        # 1
+            add(so.WAIT_GEQ, self._freed_here[q], 1)
+            add(so.WRITE, self._freed_here[q], 0)
+        head = len(ops)
+        add(so.COPY, a_full + r * rows * row_bytes, 0, rows * row_bytes)                       # 2 (source: a_local)
+        for q in peers:
+            signal("ready", q, 0)
+        for q in peers:                                                                        # 3
+            add(so.WAIT_GEQ, self._ready_here[q], 1)
+        if peers:
+            add(so.EVENT_RECORD, gate)
+        for j, src in enumerate(peers):                                                        # 4
+            s = j + 1
+            add(so.EVENT_WAIT, gate, stream=s)
+            add(so.WRITE, self._ready_here[src], 0, stream=s)
+            for ch in range(chunks):
+                off = (src * rows + ch * step) * row_bytes
+                if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
+                    add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
+                else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
+                    add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
+                add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
+            signal("freed", src, s)
+        post = []
+        for j in range(len(peers)):                                                            # 6
+            post += [(so.EVENT_RECORD, joins[j], 0, 0, j + 1, 0), (so.EVENT_WAIT, joins[j], 0, 0, 0, 0)]
+        post.append((so.ZERO, arrived, 0, arrived_bytes, 0, 0))
+
+        def program(rows_):
+            p = so.Program(streams)
+            for kind, a, b, n, stream, pe in rows_:
+                p.add(kind, a, b, n, stream=stream, pe=pe)
+            return p.seal()
+
+        self._pre, self._pre_head, self._pre_tail = program(ops), program(ops[:head]), program(ops[head + 1:])
+        self._post = program(post)
+        self._copy_at = head
+        self._a_local_op = self._pre.array[head]       # a view into the program: its source is set per call
+        self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
+        self._launch_args = (a_full, arrived)    # the GEMM's A and arrived (direct launch)
 
     def gathered(self):
         """The gathered A of the last call (this op's buffer: the next call overwrites it)."""
@@ -180,7 +264,12 @@ class AGGemm(Op):
                                 aligned=True)
 
     def call_key(self, a_local, b, out):
-        return checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)
+        """``checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)``, flattened into
+        one tuple built inline (raises AttributeError for a non-tensor: Op.begin then runs the checks)."""
+        return (type(a_local), a_local.dtype, a_local.shape, a_local.device,
+                type(b), b.dtype, b.shape, b.device, b.is_contiguous(), b.data_ptr() & 15,
+                None if out is None else (type(out), out.dtype, out.shape, out.device, out.is_contiguous(),
+                                          out.data_ptr() & 15))
 
     def _signal(self, stream, flag: str, pe: int) -> None:
         """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 2 / 4)."""
@@ -191,18 +280,48 @@ class AGGemm(Op):
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
     def __call__(self, a_local, b, out=None):
+        m = self.begin(a_local, b, out)
+        if profiling.current is not None:
+            rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K)
+            if rec is not None:
+                return self._call_steps(a_local, b, out, rec)
+        fn = self._stream_ops
+        if fn is None:     # a shim without ts_stream_ops
+            return self._call_steps(a_local, b, out, None)
+        if out is None:
+            import torch
+
+            out = torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
+        if a_local.is_contiguous():                     # 1-4 in one shim call: the copy of a_local is a program op
+            self._a_local_op.b = a_local.data_ptr()
+            self._pre.run(fn, m, "AGGemm")
+        else:                                           # 1, the copy by torch (any strides), 2-4
+            self._pre_head.run(fn, m, "AGGemm")
+            self._slot.copy_(a_local)
+            self._pre_tail.run(fn, m, "AGGemm")
+        direct = self._direct
+        if direct is not None:                                                                 # 5
+            a_at, arrived_at = self._launch_args
+            if direct[0](a_at, b.data_ptr(), out.data_ptr(), arrived_at, m):
+                raise self.launch_error()
+        else:
+            self.kernel.launch(self.a_full, b, out, self.arrived)
+        self._post.run(fn, m, "AGGemm")                                                        # 6
+        return out
+
+    def _call_steps(self, a_local, b, out, rec):
+        """A call step by step from Python (one torch / shim call per operation, the order of ``_plan``'s
+        programs): the profiled call (`rec`: the profiler's hooks between the copies and around the GEMM)."""
         import torch
 
-        self.begin(a_local, b, out)
         main = torch.cuda.current_stream()
-        rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K) if profiling.current is not None else None
         W, r, shim = self.world_size, self.rank, self.rt.shim
         a_full, m = self.a_full, main.cuda_stream
         peers = [(r + j) % W for j in range(1, W)]
         for q in peers:                                                      # 1
             shim.ts_stream_wait_geq_u64(m, self._freed_here[q], 1)
             shim.ts_stream_write_u64(m, self._freed_here[q], 0)
-        a_full[r * self.rows:(r + 1) * self.rows].copy_(a_local)            # 2
+        self._slot.copy_(a_local)                                            # 2
         for q in peers:
             self._signal(m, "ready", q)
         for q in peers:                                                      # 3

@@ -130,14 +130,17 @@ class Op:
             if not self.GRAPH_SAFE:
                 raise capture.refusal(self.NAME)
             self.captured = True
-        try:
+        try:    # costs nothing unless raised (Python >= 3.11: zero-cost exceptions)
             key = self.call_key(*args)
-            hit = key in self._agreed
+            hit = key in self._agreed     # the fast path: a signature agreed before, one lookup
         except Exception:  # noqa: BLE001  (not tensors: the checks say what is wrong)
             key, hit = None, False
         if not hit:
             self._check(key, self._validate, *args)
-        return self._stream() if capturing else self.ordered_stream()
+        stream = self._stream()
+        if not capturing and stream != self._order.handle:   # ordered_stream, inline
+            self._order.switch(stream)
+        return stream
 
     def ordered_stream(self) -> int:
         """The current stream's handle, after ordering it behind the previous call's stream if it changed."""
@@ -148,9 +151,12 @@ class Op:
 
     def launch_direct(self, *args) -> None:
         """Launch through the kernel's C entry point (raw pointers and ints, the stream last)."""
-        fn, err = self._direct
-        if fn(*args) != 0:
-            raise RuntimeError(f"{self.KERNEL} kernel launch failed: {err().decode(errors='replace')}")
+        if self._direct[0](*args) != 0:
+            raise self.launch_error()
+
+    def launch_error(self) -> RuntimeError:
+        """The error of a failed direct launch (the kernel library's last error)."""
+        return RuntimeError(f"{self.KERNEL} kernel launch failed: {self._direct[1]().decode(errors='replace')}")
 
     def scratch(self, name: str, shape, *, zero: bool = False):
         """A tensor of this op's dtype on this GPU, made on first use and kept (staging of arguments the

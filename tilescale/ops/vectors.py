@@ -7,6 +7,7 @@ contiguous and 16-byte aligned) is staged through a padded scratch tensor owned 
 local copy in, one out. The copying kernels (AllToAll, Broadcast) move bytes and need no padding.
 Every block owns one chunk of the run (:func:`blocks_for`: how many blocks for a message), possibly empty.
 """
+import functools
 import math
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
@@ -96,8 +97,10 @@ def stream_getter(device_index: int | None = None):
     as a raw handle (an int), cheaply."""
     import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    from .. import compat
+
+    raw = compat.raw_stream_query()
     dev = torch.cuda.current_device() if device_index is None else device_index
     if raw is not None:
-        return lambda: raw(dev)
+        return functools.partial(raw, dev)      # no Python frame per call
     return lambda: torch.cuda.current_stream().cuda_stream

@@ -1,0 +1,379 @@
+"""AG+GEMM's host fast path on CPU (issue 15): the programs of stream operations (tilescale/ops/stream_ops.py, the
+shim's ``ts_stream_ops``) issue exactly what the step-by-step Python path issues, in its order; the packing of
+the ops matches the shim's struct; the GEMM launches through its C entry point when the wrapper's signature is
+``A, B, C, arrived, stream``; the call key of ``Op.begin`` sees a changed tensor. No GPU: fake streams and events,
+CPU tensors, and a recording shim."""
+import contextlib
+import ctypes
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tilescale.ops import allgather_gemm as agm  # noqa: E402
+from tilescale.ops import base, checks  # noqa: E402
+from tilescale.ops import stream_ops as so  # noqa: E402
+from tilescale.profiler import session  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+MAIN, GATE, JOIN0 = 0x5000, 0x7000, 0x7100
+
+
+# ------------------------------------------------------------------------------------------ packing
+def test_stream_op_matches_the_shim_struct():
+    assert ctypes.sizeof(so.StreamOp) == 40
+    assert [(n, getattr(so.StreamOp, n).offset) for n, _ in so.StreamOp._fields_] == [
+        ("a", 0), ("b", 8), ("n", 16), ("kind", 24), ("stream", 28), ("pe", 32), ("pad", 36)]
+    src = (REPO / "tilescale" / "csrc" / "ts_runtime.cu").read_text()
+    assert "unsigned long long a, b, n;\n  int kind, stream, pe, pad;" in src
+    enum = dict(re.findall(r"TS_OP_(\w+) = (\d+)", src))
+    assert {k: int(v) for k, v in enum.items()} == {
+        "WRITE": so.WRITE, "WAIT_GEQ": so.WAIT_GEQ, "COPY": so.COPY, "GET": so.GET, "SIGNAL_ADD": so.SIGNAL_ADD,
+        "EVENT_RECORD": so.EVENT_RECORD, "EVENT_WAIT": so.EVENT_WAIT, "ZERO": so.ZERO}
+    assert "int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed)" in src
+    from tilescale import runtime
+
+    assert runtime._SIGS["ts_stream_ops"] == (so.ARGTYPES, ctypes.c_int)
+
+
+def _decode(streams_at, ops_at, n):
+    ops = ctypes.cast(ops_at, ctypes.POINTER(so.StreamOp))
+    return [(ops[i].kind, ops[i].stream, ops[i].a, ops[i].b, ops[i].n, ops[i].pe) for i in range(n)]
+
+
+def test_program_packs_its_ops_and_runs_them_in_one_call():
+    p = so.Program([0x61, 0x62])
+    assert p.add(so.WAIT_GEQ, 0x1000, 1) == 0
+    p.add(so.COPY, 0x2000, 0x3000, 64, stream=2)
+    p.add(so.SIGNAL_ADD, 0x4000, 1, stream=1, pe=5)
+    with pytest.raises(ValueError, match="stream index 3"):
+        p.add(so.WRITE, 0, stream=3)
+    with pytest.raises(ValueError, match="kind 9"):
+        p.add(9, 0)
+    p.seal()
+    calls = []
+
+    def shim(streams_at, ops_at, n, failed_at):
+        streams = (ctypes.c_void_p * 3).from_address(streams_at)
+        calls.append(([s or 0 for s in streams], _decode(streams_at, ops_at, n)))
+        return 0
+
+    p.run(shim, 0x77)
+    assert calls == [([0x77, 0x61, 0x62], [(so.WAIT_GEQ, 0, 0x1000, 1, 0, 0), (so.COPY, 2, 0x2000, 0x3000, 64, 0),
+                                           (so.SIGNAL_ADD, 1, 0x4000, 1, 0, 5)])]
+    p.array[1].b = 0x3100                       # a per-call field: the next run issues it
+    p.run(shim, 0)                              # the legacy default stream is a stream like any other
+    assert calls[1][0][0] == 0 and calls[1][1][1][3] == 0x3100
+
+    def failing(streams_at, ops_at, n, failed_at):
+        ctypes.c_int.from_address(failed_at).value = 1
+        return 700
+    with pytest.raises(RuntimeError, match=r"AGGemm: op 1 of 3 failed: copy on stream 2 \(a=0x2000, b=0x3100, "
+                                           r"n=64, pe=0\): CUresult 700"):
+        p.run(failing, 0x77, "AGGemm")
+    empty = so.Program().seal()
+    empty.run(failing, 1)                       # nothing to issue: no call
+
+
+def test_the_runtime_shim_builds_with_ts_stream_ops():
+    """The shim (nvcc, against the installed NVSHMEM) exports ts_stream_ops; loaded on this GPU-less machine, an
+    op of an unknown kind is refused with its index (the ops before it were issued: none here)."""
+    pytest.importorskip("tilescale.discovery")
+    from tilescale import discovery, runtime
+
+    try:
+        nv = discovery.find_nvshmem()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no NVSHMEM: {e}")
+    so_path = runtime._shim_path(nv)
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(so_path)], stdout=subprocess.PIPE, text=True).stdout
+    assert re.search(r"\bT ts_stream_ops\b", syms), syms
+    code = """
+import ctypes
+from tilescale import runtime, discovery
+from tilescale.ops import stream_ops as so
+lib = runtime.load_shim(discovery.find_nvshmem())
+p = so.Program([0]); p.add(so.ZERO, 0, 0, 0); p.seal()
+p.array[0].kind = 42
+try:
+    p.run(lib.ts_stream_ops, 0, "t")
+except RuntimeError as e:
+    print("ERR", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120, cwd=REPO)
+    if "ERR" not in r.stdout and ("libcuda" in r.stdout or "OSError" in r.stdout):
+        pytest.skip(f"the shim cannot be loaded here: {r.stdout[-300:]}")
+    assert "ERR t: op 0 of 1 failed: 42 on stream 0" in r.stdout and "unknown op kind" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------------------ the fast path vs the steps
+class Log:
+    def __init__(self):
+        self.ops, self.current, self.events = [], MAIN, {}
+
+    def event(self, handle):
+        return "gate" if handle == GATE else "join" if handle is not None and handle >= JOIN0 else handle
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's streams and events as recorders (no GPU), CPU copies and zero fills recorded as the stream
+    operations they would be; profiling off."""
+    log = Log()
+
+    class Event:
+        n = 0
+
+        def __init__(self, *a, **k):
+            self.name = None
+
+        def record(self, stream=None):
+            s = stream.cuda_stream if stream is not None else log.current
+            self.name = "join" if s != MAIN else "gate"
+            log.ops.append((so.EVENT_RECORD, s, self.name))
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+        def wait_event(self, ev):
+            log.ops.append((so.EVENT_WAIT, self.cuda_stream, ev.name))
+
+        def wait_stream(self, s):
+            ev = Event()
+            ev.record(s)
+            self.wait_event(ev)
+
+        def synchronize(self):
+            pass
+
+    @contextlib.contextmanager
+    def stream_ctx(s):
+        prev, log.current = log.current, s.cuda_stream
+        yield
+        log.current = prev
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name == "copy_":
+                dst, src = args[0], args[1]
+                log.ops.append((so.COPY, log.current, dst.data_ptr(), src.data_ptr(), dst.nbytes, 0))
+            elif name == "zero_":
+                log.ops.append((so.ZERO, log.current, args[0].data_ptr(), 0, args[0].nbytes, 0))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(MAIN))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
+    monkeypatch.setattr(base, "_capturing", lambda: False)
+    monkeypatch.setattr(session, "current", None)
+    log.Stream, log.Mode = Stream, Mode
+    return log
+
+
+def _shim(log, with_ops=True):
+    def program(streams_at, ops_at, n, failed_at):
+        streams = (ctypes.c_void_p * 8).from_address(streams_at)
+        for kind, s, a, b, nb, pe in _decode(streams_at, ops_at, n):
+            h = streams[s] or 0
+            if kind in (so.EVENT_RECORD, so.EVENT_WAIT):
+                log.ops.append((kind, h, log.event(a)))
+            else:
+                log.ops.append((kind, h, a, b, nb, pe))
+        return 0
+
+    ns = SimpleNamespace(
+        ts_stream_write_u64=lambda s, a, v: log.ops.append((so.WRITE, s, a, v, 0, 0)),
+        ts_stream_wait_geq_u64=lambda s, a, v: log.ops.append((so.WAIT_GEQ, s, a, v, 0, 0)),
+        ts_getmem_on_stream=lambda src, dst, n, pe, s: log.ops.append((so.GET, s, dst, src, n, pe)),
+        ts_signal_add_on_stream=lambda a, v, pe, s: log.ops.append((so.SIGNAL_ADD, s, a, v, 0, pe)))
+    if with_ops:
+        ns.ts_stream_ops = program
+    return ns
+
+
+def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
+    """An AGGemm without GPU pieces: CPU buffers, fake streams, flags at made-up addresses; peers in `near` are on
+    this node (a view of their A_full), the others are reached with NVSHMEM."""
+    op = object.__new__(agm.AGGemm)
+    op.device, op.world_size, op.rank = torch.device("cpu"), W, rank
+    op._check = checks.CallCheck("AGGemm")
+    op._agreed = op._check.agreed
+    op._order = checks.StreamOrder(op.device)
+    op._order.handle = MAIN
+    op._stream = lambda: MAIN
+    op.captured = False
+    op.rt = SimpleNamespace(shim=_shim(log, with_ops))
+    rows, K, N, chunks = 8, 16, 16, 2
+    op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
+    op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
+    op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
+    op.streams = [log.Stream(0x6000 + j) for j in range(max(1, W - 1))]
+    op._peers = [torch.zeros(W * rows, K, dtype=torch.float16) if p in near else None for p in range(W)]
+    op._flag_at = {"ready": [0x100000 + 0x1000 * p + 8 * rank for p in range(W)],
+                   "freed": [0x200000 + 0x1000 * p + 8 * rank for p in range(W)]}
+    op._ready_here = [0x300000 + 8 * q for q in range(W)]
+    op._freed_here = [0x400000 + 8 * q for q in range(W)]
+    op._arrived_at = [op.arrived.data_ptr() + 8 * i for i in range(W * chunks)]
+    op._slot = op.a_full[rank * rows:(rank + 1) * rows]
+    op.kernel_prof, op.tiles = None, 1
+    op.kernel = SimpleNamespace(launch=lambda *t: log.ops.append(("GEMM", log.current, *[x.data_ptr() for x in t])))
+
+    def entry(a, b, c, arrived, stream):
+        log.ops.append(("GEMM", stream, a, b, c, arrived))
+        return 0
+    op._direct = (entry, lambda: b"") if direct else None
+    op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2,
+             peer_at=[None if t is None else t.data_ptr() for t in op._peers],
+             streams=[s.cuda_stream for s in op.streams], gate=GATE,
+             joins=[JOIN0 + j for j in range(len(op.streams))], arrived=op.arrived.data_ptr(),
+             arrived_bytes=op.arrived.nbytes)
+    return op
+
+
+def _args(op, contiguous=True):
+    a = torch.ones(op.rows, op.K, dtype=torch.float16) if contiguous else \
+        torch.ones(op.K, op.rows, dtype=torch.float16).t()
+    return a, torch.ones(op.K, op.N, dtype=torch.float16), torch.empty(op.M, op.N, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("W,rank,near", [(3, 1, {0, 1, 2}), (4, 2, {2, 3}), (2, 0, {0})])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, contiguous):
+    """One shim call before the GEMM and one after issue what the step-by-step path (the profiled call) issues:
+    the same operations, streams, addresses and values, in the same order (steps 1-6 of the module docstring),
+    for peers of this node (copies through the mapping, stream writes) and of another (NVSHMEM gets, signals)."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, near)
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        assert op._call_steps(a, b, c, None) is c
+    steps, log.ops = log.ops, []
+    with log.Mode():
+        assert op(a, b, out=c) is c
+    fast = log.ops
+    assert fast == steps
+    kinds = [o[0] for o in fast]
+    assert kinds.count("GEMM") == 1 and kinds[-1] == so.ZERO
+    if contiguous:   # a_local is a program op: the copies are those of the chunks, plus one
+        assert kinds.count(so.COPY) == 1 + op.chunks * len(near - {rank})
+
+
+def test_fast_path_makes_one_shim_call_before_and_one_after_the_gemm(fake_cuda):
+    log = fake_cuda
+    op = _ag_gemm(log, 8, 3, set(range(8)))
+    calls = []
+    inner = op.rt.shim.ts_stream_ops
+    op._stream_ops = lambda *a: calls.append(a[2]) or inner(*a)
+    a, b, c = _args(op)
+    op(a, b, out=c)
+    assert len(calls) == 2 and calls[1] == 2 * 7 + 1            # after: a join per copy stream, the zero fill
+    assert [o[0] for o in log.ops].count("GEMM") == 1
+
+
+def test_world_size_one_is_a_copy_the_gemm_and_a_zero_fill(fake_cuda):
+    log = fake_cuda
+    op = _ag_gemm(log, 1, 0, {0})
+    a, b, c = _args(op)
+    op(a, b, out=c)
+    assert [o[0] for o in log.ops] == [so.COPY, "GEMM", so.ZERO]
+    assert log.ops[0][2:5] == (op.a_full.data_ptr(), a.data_ptr(), a.nbytes)
+    assert log.ops[1] == ("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())
+
+
+def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_cuda):
+    log = fake_cuda
+    op = _ag_gemm(log, 3, 0, {0, 1, 2}, direct=False)
+    a, b, c = _args(op)
+    op(a, b, out=c)
+    gemm = [o for o in log.ops if o[0] == "GEMM"]
+    assert gemm == [("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())]
+    log.ops = []
+    old = _ag_gemm(log, 3, 0, {0, 1, 2}, with_ops=False)     # a shim without ts_stream_ops: the steps
+    assert old._stream_ops is None
+    with log.Mode():
+        old(a, b, out=c)
+    assert [o[0] for o in log.ops].count(so.COPY) == 1 + 2 * old.chunks
+
+
+def test_a_new_output_when_out_is_none(fake_cuda):
+    op = _ag_gemm(fake_cuda, 2, 0, {0, 1})
+    a, b, _ = _args(op)
+    c = op(a, b)
+    assert c.shape == (op.M, op.N) and c.dtype == op.dtype
+
+
+def test_a_failed_direct_launch_raises_with_the_librarys_error(fake_cuda):
+    op = _ag_gemm(fake_cuda, 2, 0, {0, 1})
+    op._direct = (lambda *a: 1, lambda: b"no kernel image")
+    op.KERNEL = "ag_gemm"
+    a, b, c = _args(op)
+    with pytest.raises(RuntimeError, match="ag_gemm kernel launch failed: no kernel image"):
+        op(a, b, out=c)
+
+
+# ------------------------------------------------------------------------------------------ the call key
+def test_call_key_sees_every_change_the_checks_read(fake_cuda):
+    op = _ag_gemm(fake_cuda, 2, 0, {0, 1})
+    a, b, c = _args(op)
+    key = op.call_key(a, b, c)
+    assert key == op.call_key(a.clone(), b.clone(), c.clone())             # another tensor, the same signature
+    bf = torch.bfloat16
+    changed = [(a.to(bf), b, c), (a[:4], b, c), (a, b.to(bf), c), (a, b.t().contiguous().t(), c),
+               (a, torch.zeros(op.K * op.N + 8, dtype=torch.float16)[1:op.K * op.N + 1].view(op.K, op.N), c),
+               (a, b, c.to(bf)), (a, b, c[:, :8]), (a, b, None),
+               (a, torch.nn.Parameter(b, requires_grad=False), c)]
+    for args in changed:
+        assert op.call_key(*args) != key
+    with pytest.raises(AttributeError):
+        op.call_key([1], b, c)     # Op.begin then runs the checks (which raise the argument error)
+
+
+def test_begin_rechecks_a_changed_tensor_and_not_an_agreed_one(fake_cuda, monkeypatch):
+    op = _ag_gemm(fake_cuda, 2, 0, {0, 1})
+    validated = []
+    monkeypatch.setattr(checks, "agree", lambda *a: None)
+    monkeypatch.setattr(op, "_validate", lambda *a: validated.append(a))
+    a, b, c = _args(op)
+    assert op.begin(a, b, c) == MAIN and len(validated) == 1
+    op.begin(a, b, c)
+    op.begin(a.clone(), b.clone(), c)
+    assert len(validated) == 1
+    b.resize_(op.K // 2, op.N * 2)                              # the same tensor object, another shape
+    op.begin(a, b, c)
+    assert len(validated) == 2
+
+
+# --------------------------------------------------------------------------------------- the direct entry
+def test_the_gemm_takes_its_direct_entry():
+    """The host wrapper tilelang generates for the GEMM has the signature AGGemm launches with raw pointers."""
+    import inspect
+
+    from tilescale.ops.direct_launch import argtypes_for, call_signature
+
+    r = agm.ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16")      # tests/prebuild_cpu_tier.py builds it
+    host = Path(r.library).with_suffix(".cu").read_text()
+    types = argtypes_for(call_signature(host), ("A", "B", "C", "arrived"))
+    assert types == [ctypes.c_void_p] * 5, host[host.find("int call("):][:400]
+    src = inspect.getsource(agm.AGGemm.__init__)
+    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived"))' in src
+
+
+def test_the_cpu_harness_runs():
+    """benchmarks/host_cpu.py (the CPU-side Python cost per call; stand-ins for every CUDA call) runs and finds one
+    direct launch and two shim calls per AG+GEMM call at any world size."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "host_cpu.py"), "--calls", "200", "--world", "1", "4"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout
+    assert "NOT a GPU measurement" in r.stdout
+    for W in (1, 4):
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"AG+GEMM op(a, b, out=c), W={W} "))
+        assert row.endswith("3: kernel direct launch x1, shim ts_stream_ops x2"), row
+    assert "AllGather ag(x)" in r.stdout and "1: kernel direct launch x1" in r.stdout
