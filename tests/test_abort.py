@@ -272,3 +272,23 @@ def test_finalize_after_a_trapped_kernel_only_closes(monkeypatch):
         acquire=lambda *a: pytest.fail("no host lock after a trap"), release=lambda: None))
     runtime.finalize()
     assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()
+
+
+def test_call_number_stops_a_kernel_without_printf_and_says_why():
+    """T.call_number's check (a block with no counter) writes a wait record of its own site, said by the host, and
+    calls no printf: a call anywhere in a kernel makes ptxas serialise its wgmma pipeline (C7510), which cost the
+    GEMM+RS GEMM (it counts its calls) 0.85-0.91 of cuBLAS on one H200 (RESULTS.md run 19, r5)."""
+    import re
+    from pathlib import Path
+
+    from tilescale.language import distributed as D
+
+    ops = (Path(D.__file__).resolve().parents[1] / "include" / "tilescale" / "ops.cuh").read_text()
+    body = ops[ops.index("__device__ __forceinline__ uint64_t call_number("):]
+    body = body[:body.index("\n}\n")]
+    assert "printf" not in body and "wait_timed_out(" in body and "kCallNumberSite" in body
+    assert int(re.search(r"constexpr int kCallNumberSite = (-?\d+);", ops).group(1)) == D.CALL_NUMBER_SITE
+    rec = dict(rank=1, block=7, thread=0, site=D.CALL_NUMBER_SITE, cmp=3, bits=64, addr=0x20, expected=6, observed=7,
+               elapsed_ns=0)
+    msg = diagnostics.describe(rec)
+    assert "T.call_number: block 7 of the grid has no counter" in msg and "holds 6" in msg

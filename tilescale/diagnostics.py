@@ -47,7 +47,12 @@ def read_record(rt) -> dict | None:
 
 
 def describe(rec: dict) -> str:
-    from .language.distributed import WAIT_SITES
+    from .language.distributed import CALL_NUMBER_SITE, WAIT_SITES
+
+    if rec["site"] == CALL_NUMBER_SITE:
+        return (f"rank {rec['rank']}, block {rec['block']}: T.call_number: block {rec['observed']} of the grid has no "
+                f"counter (the counters buffer at 0x{rec['addr']:x} holds {rec['expected']}: one per block of the "
+                "kernel is needed). The kernel was stopped")
 
     where = WAIT_SITES.get(rec["site"], f"wait #{rec['site']}")
     cmp = _CMP_NAMES[rec["cmp"]] if 0 <= rec["cmp"] < len(_CMP_NAMES) else f"cmp {rec['cmp']}"

@@ -77,7 +77,11 @@ for _name, _pos in (("tilescale::put", (1,)), ("tilescale::get", (0,)), ("tilesc
 # wait site id -> "file:line" of the user's kernel (ids are stable across processes: a hash).
 # Barriers (T.barrier_all, T.sync_all, tilescale.barrier, the barriers of symm.zeros/free) report site -2.
 BARRIER_SITE = -2
-WAIT_SITES: dict[int, str] = {BARRIER_SITE: "a barrier of all ranks (T.barrier_all / T.sync_all / tilescale.barrier)"}
+# T.call_number stops a kernel whose block has no counter with a wait's record of this site (expected: the
+# counters buffer's size; observed: the block's index): a printf there would slow the kernel (ops.cuh)
+CALL_NUMBER_SITE = -3
+WAIT_SITES: dict[int, str] = {BARRIER_SITE: "a barrier of all ranks (T.barrier_all / T.sync_all / tilescale.barrier)",
+                              CALL_NUMBER_SITE: "T.call_number"}
 
 
 # ----------------------------------------------------------------------------------- identity
