@@ -19,6 +19,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:?usage: run_one_gpu.sh OUTDIR [STEPS]}
 STEPS=${2:-sweep,modes,ws1,host,profile}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+for s in ${STEPS//,/ }; do   # every step known, or nothing runs
+  case $s in sweep|modes|ws1|host|profile) ;;
+    *) echo "run_one_gpu.sh: unknown step '$s' (expected sweep, modes, ws1, host, profile)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 failed=0
 
@@ -46,7 +51,6 @@ for s in ${STEPS//,/ }; do
     ws1) step ws1 env GPUS=1 bash launch.sh benchmarks/bench_fused.py --op both --json "$OUT/fused_ws1.json" ;;
     host) step host env GPUS=1 bash launch.sh benchmarks/bench_host.py --json "$OUT/host_w1.json" ;;
     profile) step profile env GPUS=1 bash launch.sh benchmarks/profile_ag_gemm.py --out "$OUT/profile" ;;
-    *) echo "run_one_gpu.sh: unknown step '$s' (expected sweep, modes, ws1, host, profile)" >&2; exit 2 ;;
   esac
 done
 echo "run_one_gpu.sh: $failed step(s) failed"

@@ -184,3 +184,20 @@ def test_run_gpu_tier_registers_host():
     labels = re.findall(r"^    ([a-z_0-9]+)\) ", text, re.M)   # the steps; the error lists every one
     unknown = re.search(r"unknown step \$what \(([^)]*)\)", text).group(1)
     assert "host" in labels and set(labels) <= {s.strip() for s in unknown.split(",")}, (labels, unknown)
+
+
+def test_run_one_gpu_names_its_steps_and_refuses_others(tmp_path):
+    """benchmarks/run_one_gpu.sh (issue 15's one-GPU run): every benchmark it runs exists, each through launch.sh
+    with GPUS=1; an unknown step stops it before anything runs, naming the steps it knows."""
+    script = BENCH / "run_one_gpu.sh"
+    text = script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    steps = re.findall(r"^    ([a-z0-9]+)\)", text, re.M)   # the steps' commands, in their order
+    assert steps == ["sweep", "modes", "ws1", "host", "profile"], steps
+    for script_name in re.findall(r"benchmarks/\w+\.py", text):
+        assert (REPO / script_name).is_file(), script_name
+    assert text.count("GPUS=1 bash launch.sh benchmarks/") == 5
+    r = subprocess.run(["bash", str(script), str(tmp_path / "out"), "sweep,nope"], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin", "STEP_TIMEOUT": "1"})
+    assert r.returncode == 2 and "unknown step 'nope' (expected sweep, modes, ws1, host, profile)" in r.stderr, r
+    assert not (tmp_path / "out").exists()      # refused before "sweep" ran
