@@ -252,7 +252,8 @@ def test_gemm_kernels_call_no_peer_op():
     for fn, args in ((ag_gemm_kernel, (1024, 512, 512, 4, 2, "float16")),
                      (gemm_rs_gemm_kernel, (1024, 512, 512, 4, "float16"))):
         calls = set(re.findall(r"tilescale::[a-z_]+", _lower(fn.get_tir(*args))))
-        assert calls and calls <= {"tilescale::wait_until", "tilescale::atom_add", "tilescale::call_number"}, calls
+        assert calls and calls <= {"tilescale::wait_until", "tilescale::atom_add", "tilescale::release_stores",
+                                  "tilescale::call_number"}, calls
 
 
 # ------------------------------------------------------------------------------------ host side
