@@ -4,6 +4,7 @@
     python benchmarks/bench_gemm_configs.py --dry-run                         # candidates per shape, no GPU
     python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
+    GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --persistent   # GEMM+RS's GEMM: a persistent kernel too
 
 The kernel is the fused ops' tile loop (tilescale/ops/gemm.py) without waits or counts: TMA loads
 of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global with a TMA
@@ -111,6 +112,42 @@ def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: 
     return gemm
 
 
+# GEMM+RS's GEMM as a persistent kernel (--persistent; not in the tuning table): one block per SM walks the tiles,
+# its C tile has shared memory of its own (the next tile's loads overlap this tile's store), and tile i is counted
+# once the store of tile i + 1 is issued (T.release_stores(pending=1)), so the write of a tile is never waited for.
+PERSISTENT = [GemmConfig(128, 256, 64, 3, 256, 0), GemmConfig(256, 128, 64, 3, 256, 0),
+              GemmConfig(128, 128, 64, 4, 256, 0)]
+
+
+@tilescale.jit
+def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, sms: int = SMS,
+                           dtype: str = "bfloat16"):
+    """C = A @ B with the fused kernels' tile loop on `sms` persistent blocks, each tile counted in `done` (one
+    word per row of tiles) once the next tile's store is issued (its own last tile: once written)."""
+    M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+             done: T.Tensor((T.ceildiv(M, block_m),), "uint64")):
+        with T.Kernel(sms, threads=threads) as bid:
+            As = T.alloc_shared((block_m, block_k), dtype)
+            Bs = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            Cs = T.alloc_shared((block_m, block_n), dtype)
+            tiles_n = T.ceildiv(N, block_n)
+            tiles = T.ceildiv(M, block_m) * tiles_n
+            for it in T.serial(T.ceildiv(tiles, sms)):
+                t = it * sms + bid
+                if t < tiles:
+                    tile_loop(A, B, C, As, Bs, Cl, Cs, t // tiles_n, t % tiles_n, stages, False)
+                    if it > 0:   # the block's tile before this one: its store was issued before this one's
+                        T.release_stores(done[(t - sms) // tiles_n], 1, scope="sys", pending=1)
+            if bid < tiles:      # the block's last tile
+                T.release_stores(done[((tiles - 1 - bid) // sms * sms + bid) // tiles_n], 1, scope="sys")
+
+    return gemm
+
+
 def kernel_key(cfg: GemmConfig, epilogue: str) -> tuple:
     return (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle, epilogue)
 
@@ -123,7 +160,8 @@ def all_builds() -> list[tuple]:
 def compile_all(builds, workers: int, build_only: bool):
     """{kernel_key: kernel or None}, {kernel_key: error} -- all builds in parallel threads (tilelang's
     lowering releases the GIL; nvcc runs as a subprocess)."""
-    tirs = [(c, e, gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds]   # elaborate in this thread
+    tirs = [(c, e, gemm_persistent_kernel.get_tir(*kernel_key(c, e)[:5]) if e == "persistent"
+             else gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds]   # elaborate in this thread
     flags = []
     if build_only:   # no driver here: link tilelang's -lcuda against tilescale's stub
         from tilescale.toolchain import stub_libcuda_dir
@@ -232,6 +270,31 @@ def run(args) -> None:
     report(measured, errors, gpu, args)
 
 
+def run_persistent(args) -> None:
+    """--persistent: GEMM+RS's GEMM per shape (every W), its "signal" configs vs the persistent kernel's, vs cuBLAS."""
+    import torch
+
+    signal = [c for c in candidates("signal") if c.swizzle in (0, 10, 16)]
+    builds = [(c, "signal") for c in signal] + [(c, "persistent") for c in PERSISTENT]
+    kernels, errors = compile_all(builds, args.workers, build_only=False)
+    rows = []
+    for op, W, (M, N, K) in problems():
+        if op != "gemm_rs":
+            continue
+        keys = [kernel_key(c, e) for c, e in builds if check(c, M, N, K, world_size=W, op=op) is None]
+        us, cublas, notes = measure((M, N, K), keys, kernels, args.reps, args.target_us)
+        best = {e: min((k for k in us if k[6] == e), key=us.get, default=None) for e in ("signal", "persistent")}
+        rows.append([W, f"{M}x{N}x{K}", f"{2.0 * M * N * K / (cublas * 1e-6) / 1e12:.0f}"]
+                    + [f"{_cfg_of(k).short()} {cublas / us[k]:.2f}" if k else "-" for k in best.values()])
+        for k, v in notes.items():
+            print(f"  {M}x{N}x{K} {_cfg_of(k).short()} {k[6]}: {v}", flush=True)
+    print_table(f"GEMM+RS's GEMM, bf16, one {torch.cuda.get_device_name()}: non-persistent vs persistent "
+                "(ratio = cuBLAS time / ours)", ["W", "MxNxK (per rank)", "cuBLAS TFLOP/s", "signal (best)",
+                                                 "persistent (best)"], rows)
+    for key, err in errors.items():
+        print(f"skipped (did not build): {_cfg_of(key).short()} {key[6]}: {err[:200]}")
+
+
 def _cfg_of(key) -> GemmConfig:
     return GemmConfig(*key[:6])
 
@@ -306,7 +369,7 @@ def dry_run() -> None:
 
 def compile_check(args) -> None:
     """Build (compile + link, no load) candidates for sm_90a without a GPU."""
-    builds = all_builds()
+    builds = [(c, "persistent") for c in PERSISTENT] if args.persistent else all_builds()
     if args.only:
         idx = [int(i) for i in args.only.split(",")]
         builds = [builds[i] for i in idx]
@@ -324,6 +387,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=7, help="round-robin timing rounds per shape (median)")
     ap.add_argument("--target-us", type=float, default=3000.0, help="length of one timing round")
     ap.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 2), help="parallel builds")
+    ap.add_argument("--persistent", action="store_true", help="GEMM+RS's GEMM: its configs vs a persistent kernel "
+                    "that counts each tile once the next one's store is issued (a table; no JSON, no tuning)")
     ap.add_argument("--dry-run", action="store_true", help="list the candidates; no GPU, no build")
     ap.add_argument("--compile-check", action="store_true", help="build candidates for sm_90a (no GPU needed)")
     ap.add_argument("--only", help="with --compile-check: indices (as --dry-run lists them), e.g. 0,5,9")
@@ -365,7 +430,7 @@ def main(argv=None) -> None:
     tilescale.init_distributed()
     try:
         if runtime.current().info.rank == 0:   # with GPUS > 1: one process does the work
-            run(args)
+            (run_persistent if args.persistent else run)(args)
     finally:
         tilescale.finalize()
 

@@ -335,7 +335,7 @@ def test_generated_source_of_distributed_kernel(every_op_build):
                  "tilescale::put_signal<2>", "tilescale::signal_op(", "tilescale::wait_until<unsigned long long>",
                  "tilescale::ld_pe<", "tilescale::st_pe<", "tilescale::atom_add_pe<", "tilescale::atom_cas_pe<",
                  "tilescale::peer_ptr(", "nvshmem_fence()", "nvshmem_quiet()", "tilescale::barrier_all<2>()",
-                 "tilescale::sync_all<1>()", "tilescale::release_stores<1, int>("):
+                 "tilescale::sync_all<1>()", "tilescale::release_stores<1, int, 0>("):
         assert call in src, f"{call} missing"
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params

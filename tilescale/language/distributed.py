@@ -356,7 +356,7 @@ def atom_add(dst, value, *, scope="gpu", sem="relaxed", dst_pe=None):
                          _pe("atom_add", "dst_pe", dst_pe))
 
 
-def release_stores(counter, value=1, *, scope="sys"):
+def release_stores(counter, value=1, *, scope="sys", pending=0):
     """Count this block's stores into global memory once they are visible at `scope`: each calling thread
     waits for its own TMA (bulk) stores to be written (``cp.async.bulk.wait_group 0``, then a proxy fence,
     so they are ordered like its plain stores), its warp converges, and lane 0 adds `value` to the local
@@ -365,11 +365,19 @@ def release_stores(counter, value=1, *, scope="sys"):
 
     Every thread of each calling warp must call it (a warp-level step). The counter grows by `value` per
     warp: a block whose W consumer warps call it after storing a tile adds W x `value`, not one per thread.
+    ``pending=n`` leaves this thread's n most recent groups of TMA stores in flight (``wait_group n``): a
+    persistent kernel counts tile i once it has issued the store of tile i + 1, so that the write of tile i is
+    not waited for (default 0: every store written).
+
     torch has no equivalent (it orders whole kernels, not tiles): "tile written" -> ``counter += warps``."""
     scope_c = _pick("release_stores", "scope", scope, _SCOPES)
     t, dt = _scalar("release_stores", "counter", counter, _WAIT_DTYPES)
     v = _value("release_stores", "value", value, dt)
-    T.evaluate(T.call_extern("handle", f"tilescale::release_stores<{scope_c}, {_CTYPES[dt]}>", v, t.ptr("rw")))
+    if isinstance(pending, bool) or not isinstance(pending, int) or not 0 <= pending <= 7:
+        raise _err("release_stores", f"pending: got {pending!r}, expected an int from 0 to 7 (groups of TMA stores "
+                   "left in flight)")
+    T.evaluate(T.call_extern("handle", f"tilescale::release_stores<{scope_c}, {_CTYPES[dt]}, {pending}>", v,
+                             t.ptr("rw")))
 
 
 def atom_cas(dst, compare, value, *, scope="gpu", sem="relaxed", dst_pe=None):

@@ -327,10 +327,11 @@ __device__ __forceinline__ T atom_add(T v, void* p) {
 // T.release_stores(counter, value, scope=): the stores of this warp (TMA stores included: this thread's bulk
 // groups are waited for, then a proxy fence orders them like plain stores) become visible before lane 0's
 // release add. Warp-level: every lane of the warp calls it; the counter grows by `v` per warp.
-template <int SCOPE, typename T>
+// PENDING: this thread's most recent groups of bulk stores left in flight (a persistent kernel's next tile).
+template <int SCOPE, typename T, int PENDING = 0>
 __device__ __forceinline__ void release_stores(T v, void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(PENDING) : "memory");
   asm volatile("fence.proxy.async;" ::: "memory");
 #endif
   __syncwarp();
