@@ -4,10 +4,13 @@ tuning table (exact shape, nearest M, per-op constraints, fallbacks), the sweep'
 fused kernels and inside the sweep's kernel."""
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+import tilescale
+import tilescale.language as T
 from tilescale.ops import allgather_gemm, gemm, gemm_reduce_scatter
 from tilescale.ops.gemm import DEFAULT, GemmConfig, check, gemm_config
 
@@ -259,3 +262,36 @@ def test_fused_ops_with_non_default_configs_on_gpus(nranks):
     testing.skip_unless_ranks(nranks)
     proc = testing.launch(REPO / "tests" / "gpu" / "gemm_configs_main.py", nranks, timeout=400)
     testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused ops with 7 non-default configs")
+
+
+def test_persistent_kernel_counts_each_tile_after_the_next_store():
+    """bench_gemm_configs --persistent: tile i is counted with one group of TMA stores left in flight (tile i + 1's)
+    once tile i + 1's store is issued, the block's last tile once written; by the consumer warps only; the C tile
+    has shared memory of its own (not the pipeline's). `pending` outside 0-7 is refused by name."""
+    import sys
+
+    from tilescale.errors import LanguageError
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_codegen import kernel_function, lower_source
+
+    b = _sweep()
+    src = kernel_function(lower_source(b.gemm_persistent_kernel.get_tir(128, 256, 64, 3, 256)))
+    deferred = src.index("tilescale::release_stores<2, unsigned long long, 1>(")
+    last = src.index("tilescale::release_stores<2, unsigned long long, 0>(")
+    assert src.index("tl::tma_store(C_desc") < deferred < last
+    assert src.count("tilescale::release_stores<") == 2
+    assert src.rfind("if (128 <= ((int)threadIdx.x))", 0, last) > deferred   # the last count: consumer threads only
+    offsets = dict(re.findall(r"void\* (As|Bs|Cs) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", src))
+    assert len(set(offsets.values())) == 3, offsets                      # C does not reuse the pipeline's buffers
+
+    @tilescale.jit
+    def bad():
+        @T.prim_func
+        def k(done: T.Tensor((4,), "uint64")):
+            with T.Kernel(1, threads=32):
+                T.release_stores(done[0], 1, pending=8)
+        return k
+
+    with pytest.raises(LanguageError, match=r"release_stores.*pending: got 8, expected an int from 0 to 7"):
+        bad.get_tir()

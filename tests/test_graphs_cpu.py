@@ -133,7 +133,8 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
     # the GEMM stores its tile (a TMA store) into the half of e % 2 (row M = 1024 further for odd calls), then counts
     # it once written...
     assert re.search(r"tl::tma_store\(P_desc, .*\(+\(int\)\(e & \(uint64_t\)1\)\) \* 1024\)", gemm_src), gemm_src
-    assert gemm_src.index("tl::tma_store(P_desc") < gemm_src.index("tilescale::release_stores<2, unsigned long long>(")
+    counted = gemm_src.index("tilescale::release_stores<2, unsigned long long, 0>(")   # every store written
+    assert gemm_src.index("tl::tma_store(P_desc") < counted
     # ...the reduction waits for e x per_block finished stores of the row block
     assert re.search(rf"wait_until_pe<unsigned long long>\(.*done\[.*, \(e \* \(uint64_t\){per_block}\),", red_src)
 
