@@ -38,7 +38,8 @@ def test_stream_op_matches_the_shim_struct():
     assert "int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed)" in src
     from tilescale import runtime
 
-    assert runtime._SIGS["ts_stream_ops"] == (so.ARGTYPES, ctypes.c_int)
+    assert runtime._SIGS["ts_stream_ops"] == ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
+                                              ctypes.c_int)
 
 
 def _decode(streams_at, ops_at, n):

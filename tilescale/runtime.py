@@ -101,7 +101,7 @@ _SIGS = {
     "ts_signal_add_on_stream": ([ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p], None),
     "ts_stream_write_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
     "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
-    # a program of stream operations (tilescale/ops/stream_ops.py): streams, ops, count, &failed
+    # a program of stream operations (tilescale/ops/stream_ops.py): streams, ops, count, &failed (raw addresses)
     "ts_stream_ops": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
     "ts_finalize": ([], None),
 }

@@ -22,9 +22,6 @@ class StreamOp(ctypes.Structure):
                 ("kind", ctypes.c_int), ("stream", ctypes.c_int), ("pe", ctypes.c_int), ("pad", ctypes.c_int)]
 
 
-# the shim's argument types (tilescale/runtime.py sets them): raw addresses (ints convert fastest)
-ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-
 
 class Program:
     """A list of ops to issue with one shim call: ``add(...)`` while building (returns the op's index), then

@@ -277,21 +277,18 @@ class OpCall:
         # the hot path of every profiled op call: one raw append for the call and its LAUNCH
         self.s = s
         g = s.groups
+        parent = g[-1] if g else None
         self.call = c = s.next_id()
         self.copies: list[CopyStream] = []
-        if launch is None:
-            s.raw.append((_START, c, bit, name, g[-1] if g else None, "host", _now(), args))
-            self.open_launch = None
-        else:  # a LAUNCH from now until end() (ops that launch one kernel)
-            bits = s.bits
-            if bits & _LAUNCH:
-                h = -c   # the LAUNCH's handle: ids are positive
-                s.raw.append((_START2, c, bit, name, g[-1] if g else None, _now(), args, h, launch, _now()))
-            else:
-                h = None
-                s.raw.append((_START, c, bit, name, g[-1] if g else None, "host", _now(), args))
+        self.open_launch = h = None
+        if launch is not None and s.bits & _LAUNCH:   # the call and its LAUNCH, from now until end()
+            h = -c   # the LAUNCH's handle: ids are positive
+            s.raw.append((_START2, c, bit, name, parent, _now(), args, h, launch, _now()))
+        else:
+            s.raw.append((_START, c, bit, name, parent, "host", _now(), args))
+        if launch is not None:   # an op that launches one kernel: its KERNEL event is timed by CUDA events
             st = ev0 = None
-            if bits & _KERNEL:
+            if s.bits & _KERNEL:
                 st = _current_stream()
                 ev0 = _record_event(st)
             self.open_launch = (h, launch, st, ev0)
