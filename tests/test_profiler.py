@@ -146,12 +146,16 @@ class FakeStream:
 
 
 class FakeGPU:
-    """A GPU clock that advances 1 us per recorded event; the clock's offset to the host is known."""
+    """A GPU clock that advances 1 us per recorded event; the clock's offset to the host is known. It starts
+    where the host's clock is now (as a real GPU's maps onto the host's present): a trace then keeps the host's
+    events near its origin, where float microseconds still resolve nanoseconds (events far from the origin, at
+    ~1.8e15 us, would step by 0.25 us, and a LAUNCH issued 100 ns after its call could seem to end after it)."""
 
     OFFSET = 7_000_000
+    START = time.time_ns() - OFFSET   # one start for every instance: two fresh fake GPUs give the same times
 
     def __init__(self):
-        self.t = 1_000_000_000_000
+        self.t = self.START
 
     def event(self, stream=None) -> FakeEvent:
         self.t += 1000
