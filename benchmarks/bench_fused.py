@@ -9,7 +9,9 @@ Shapes are those of the baseline table in the project's DEVICE.md (bf16):
 Columns (microseconds, slowest rank): NCCL alone, cuBLAS alone, NCCL then cuBLAS, async-TP
 (torch.ops.symm_mem.fused_*), tilescale fused, tilescale's GEMM alone (no waiting); ideal = max(NCCL
 alone, cuBLAS alone); ratio = tilescale / ideal (target <= 1.10); GEMM eff = cuBLAS / our GEMM alone.
-Every shape is checked against torch before it is timed.
+Every shape is checked against torch before it is timed. The columns of a shape are timed in turns (each repeat
+times every column once, timing.time_ops), so that every column sees the GPU at the same clock; ``--sequential``
+times each column's repeats before the next column's (the runs before run 20).
 """
 import argparse
 import sys
@@ -17,13 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import environment, print_table, time_op, write_json  # noqa: E402
+from timing import environment, print_table, time_op, time_ops, write_json  # noqa: E402
 
 import tilescale  # noqa: E402
 
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
              (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]
 RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]
+SEQUENTIAL = False   # --sequential: time each fn's repeats one after the other (see timer)
 
 
 def _async_tp():
@@ -41,6 +44,24 @@ def _async_tp():
     except Exception as e:  # noqa: BLE001
         print(f"async-TP unavailable: {e}")
         return None, None, None
+
+
+def timer(fns: dict, iters: int) -> dict:
+    """{name: us per call}: in turns (timing.time_ops; the default), or each fn's repeats one after the other
+    (``--sequential``, the method of the runs before run 20: the fns timed later ran at a lower clock)."""
+    if SEQUENTIAL:
+        return {name: time_op(fn, iters=iters) for name, fn in fns.items()}
+    return time_ops(fns, iters=iters)
+
+
+def _works(name: str, fn) -> bool:
+    """Whether one call of torch's async-TP op `fn` runs (it may not in this torch or on this machine)."""
+    try:
+        fn()
+        return True
+    except Exception as e:  # noqa: BLE001
+        print(f"async-TP {name} failed: {e}")
+        return False
 
 
 def run_ag_gemm(info, shapes, dtype, quick):
@@ -67,20 +88,26 @@ def run_ag_gemm(info, shapes, dtype, quick):
         if not err < 2e-2:
             raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N}: relative error {err:.3g} vs torch")
         it = 5 if quick else 20
-        landed = torch.ones_like(op.arrived)   # the GEMM alone: every chunk marked as arrived
-        t = dict(
-            nccl=time_op(lambda: dist.all_gather_into_tensor(a_full, a), iters=it),
-            cublas=time_op(lambda: torch.matmul(a_full, b, out=ref), iters=it),
-            nccl_cublas=time_op(lambda: (dist.all_gather_into_tensor(a_full, a), torch.matmul(a_full, b, out=ref)),
-                                iters=it),
-            tilescale=time_op(lambda: op(a, b, out=c), iters=it),
-            ts_gemm=time_op(lambda: op.kernel(op.gathered(), b, c, landed), iters=it),
+        if W > 1:   # the GEMMs alone: every chunk marked as arrived, both launches reading the gathered buffer
+            landed = torch.ones_like(op.arrived)
+            slot = op.gathered()[rank * (M // W):(rank + 1) * (M // W)]
+
+            def ts_gemm():
+                op.kernel_own(slot, b, c)
+                op.kernel(op.gathered(), b, c, landed)
+        else:       # the GEMM of the own rows is all there is
+            def ts_gemm():
+                op.kernel_own(a, b, c)
+        fns = dict(
+            nccl=lambda: dist.all_gather_into_tensor(a_full, a),
+            cublas=lambda: torch.matmul(a_full, b, out=ref),
+            nccl_cublas=lambda: (dist.all_gather_into_tensor(a_full, a), torch.matmul(a_full, b, out=ref)),
+            tilescale=lambda: op(a, b, out=c),
+            ts_gemm=ts_gemm,
         )
-        if ag_mm is not None:
-            try:
-                t["async_tp"] = time_op(lambda: ag_mm(a, [b], 0, group), iters=it)
-            except Exception as e:  # noqa: BLE001
-                print(f"async-TP ag_mm failed: {e}")
+        if ag_mm is not None and _works("ag_mm", lambda: ag_mm(a, [b], 0, group)):
+            fns["async_tp"] = lambda: ag_mm(a, [b], 0, group)
+        t = timer(fns, it)
         rows.append(dict(op="ag_gemm", M=M, K=K, N=N, **t))
         op.close()
     return rows
@@ -113,19 +140,16 @@ def run_gemm_rs(info, shapes, dtype, quick):
         it = 5 if quick else 20
         scratch = torch.zeros_like(op.done)      # the GEMM alone: its counts go to scratch words
         scratch_calls = torch.zeros_like(op.gemm_counters)
-        t = dict(
-            nccl=time_op(lambda: dist.reduce_scatter_tensor(ref, partial), iters=it),
-            cublas=time_op(lambda: torch.matmul(x, w, out=partial), iters=it),
-            nccl_cublas=time_op(lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
-                                iters=it),
-            tilescale=time_op(lambda: op(x, w, out=out), iters=it),
-            ts_gemm=time_op(lambda: op.gemm(x, w, op.P, scratch, scratch_calls), iters=it),
+        fns = dict(
+            nccl=lambda: dist.reduce_scatter_tensor(ref, partial),
+            cublas=lambda: torch.matmul(x, w, out=partial),
+            nccl_cublas=lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
+            tilescale=lambda: op(x, w, out=out),
+            ts_gemm=lambda: op.gemm(x, w, op.P, scratch, scratch_calls),
         )
-        if mm_rs is not None:
-            try:
-                t["async_tp"] = time_op(lambda: mm_rs(x, w, "sum", 0, group), iters=it)
-            except Exception as e:  # noqa: BLE001
-                print(f"async-TP mm_rs failed: {e}")
+        if mm_rs is not None and _works("mm_rs", lambda: mm_rs(x, w, "sum", 0, group)):
+            fns["async_tp"] = lambda: mm_rs(x, w, "sum", 0, group)
+        t = timer(fns, it)
         rows.append(dict(op="gemm_rs", M=M, K=K, N=N, **t))
         op.close()
     return rows
@@ -180,7 +204,8 @@ def run(info, args):
             report(rows, info.world_size, f"GEMM+RS {args.dtype}, {info.world_size} x {environment()['gpu']} (us)")
         all_rows += rows
     if info.rank == 0:
-        write_json(args.json, dict(env=environment(), dtype=args.dtype, rows=all_rows))
+        write_json(args.json, dict(env=environment(), dtype=args.dtype, timing="sequential" if SEQUENTIAL else "turns",
+                                   rows=all_rows))
     print(f"[rank {info.rank}] OK: fused benchmark done", flush=True)
 
 
@@ -198,5 +223,8 @@ if __name__ == "__main__":
     ap.add_argument("--max-shapes", type=int, default=99)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--sequential", action="store_true",
+                    help="time each column's repeats one after the other, not in turns (the method before run 20)")
     a = ap.parse_args()
+    SEQUENTIAL = a.sequential
     tilescale.testing.example_main(lambda info: run(info, a), build)

@@ -186,7 +186,8 @@ def make_ag_gemm(W):
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = M, N, K, dt, rows, chunks
     op.a_full = torch.zeros(M, K, dtype=dt)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
-    op.streams = [FakeStream(0x6000 + j) for j in range(max(1, W - 1))]
+    two_gemms = hasattr(cls, "_gemm_own")      # this tree: the GEMM of the own rows first, a local stream
+    op.streams = [FakeStream(0x6000 + j) for j in range(W if two_gemms else max(1, W - 1))]
     peers = [torch.zeros(M, K, dtype=dt) if p != 0 else None for p in range(W)]   # every peer on this node
     op._peers = peers
     op._flag_at = {"ready": [0x100000 + 8 * p for p in range(W)], "freed": [0x200000 + 8 * p for p in range(W)]}
@@ -196,14 +197,18 @@ def make_ag_gemm(W):
     op.kernel = tilelang_launch_stand_in(4)
     op.kernel_prof, op.tiles = None, 1
     op._slot = op.a_full[:rows]
-    if hasattr(cls, "_plan"):                  # this tree: the programs and the direct launch
+    if two_gemms:
+        op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
+        op._direct_own = (counted("kernel direct launch", c_noop([VP] * 4)), lambda: b"")
+    if hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1) and the direct launch
         op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
         op.launch_path = "direct"
+        joins = [0x7001 + j for j in range(len(op.streams))]
+        events = dict(events=dict(start=0x7100, copied=0x7101, gate=0x7000)) if two_gemms else dict(gate=0x7000)
         op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2, peer_at=[None if t is None else t.data_ptr()
                                                                         for t in peers],
-                 streams=[s.cuda_stream for s in op.streams], gate=0x7000, joins=[0x7001 + j for j in
-                                                                                  range(len(op.streams))],
-                 arrived=op.arrived.data_ptr(), arrived_bytes=op.arrived.nbytes)
+                 streams=[s.cuda_stream for s in op.streams], joins=joins, arrived=op.arrived.data_ptr(),
+                 arrived_bytes=op.arrived.nbytes, **events)
     a, b, c = torch.zeros(rows, K, dtype=dt), torch.zeros(K, N, dtype=dt), torch.zeros(M, N, dtype=dt)
     return op, (a, b), {"out": c}
 

@@ -35,6 +35,38 @@ def time_op(fn, warmup: int = 5, iters: int = 20, repeats: int = 3) -> float:
     return t.item()
 
 
+def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> dict:
+    """{name: microseconds per call} of each of `fns` ({name: fn}), timed in turns: every repeat times `iters`
+    calls of each fn, one fn after the other (the median over repeats of each, max over ranks). Timing one fn's
+    repeats all before the next fn's (:func:`time_op` per fn) lets the GPU's clock differ between them: a GPU
+    that has run GEMMs for a while at its power limit runs the next ones at a lower clock, so whatever is timed
+    last looks slower. Turns give every fn the same conditions."""
+    import torch
+
+    from tilescale import staged_collectives
+
+    dist = staged_collectives.for_cuda()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    res = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            dist.barrier()
+            torch.cuda.synchronize()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters):
+                fn()
+            e.record()
+            e.synchronize()
+            res[name].append(s.elapsed_time(e) * 1e3 / iters)
+    t = torch.tensor([statistics.median(v) for v in res.values()], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(res, t.tolist(), strict=True))
+
+
 def host_us_per_call(fn, calls: int = 1000, batch: int = 20, warmup: int = 2, sync=None) -> list[float]:
     """Host microseconds of each of `calls` calls of `fn` (rounded up to whole batches), in call order: the wall
     time of the Python call alone (``time.perf_counter_ns`` around it), the calls made in batches of `batch`

@@ -21,7 +21,7 @@ from tilescale.ops import stream_ops as so  # noqa: E402
 from tilescale.profiler import session  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-MAIN, GATE, JOIN0 = 0x5000, 0x7000, 0x7100
+MAIN, GATE, JOIN0, START, COPIED = 0x5000, 0x7000, 0x7100, 0x7200, 0x7300
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -119,7 +119,8 @@ class Log:
         self.ops, self.current, self.events = [], MAIN, {}
 
     def event(self, handle):
-        return "gate" if handle == GATE else "join" if handle is not None and handle >= JOIN0 else handle
+        names = {GATE: "gate", START: "start", COPIED: "copied"}
+        return names.get(handle) or ("join" if JOIN0 <= handle < JOIN0 + 0x100 else handle)
 
 
 @pytest.fixture
@@ -129,14 +130,12 @@ def fake_cuda(monkeypatch):
     log = Log()
 
     class Event:
-        n = 0
-
-        def __init__(self, *a, **k):
-            self.name = None
+        def __init__(self, *a, name=None, **k):
+            self.fixed = self.name = name    # an op's event: its name; else named by where it is recorded
 
         def record(self, stream=None):
             s = stream.cuda_stream if stream is not None else log.current
-            self.name = "join" if s != MAIN else "gate"
+            self.name = self.fixed or ("join" if s != MAIN else "gate")
             log.ops.append((so.EVENT_RECORD, s, self.name))
 
     class Stream:
@@ -175,13 +174,13 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
     monkeypatch.setattr(base, "_capturing", lambda: False)
     monkeypatch.setattr(session, "current", None)
-    log.Stream, log.Mode = Stream, Mode
+    log.Stream, log.Mode, log.Event = Stream, Mode, Event
     return log
 
 
 def _shim(log, with_ops=True):
     def program(streams_at, ops_at, n, failed_at):
-        streams = (ctypes.c_void_p * 8).from_address(streams_at)
+        streams = (ctypes.c_void_p * 16).from_address(streams_at)   # (only the program's own are read)
         for kind, s, a, b, nb, pe in _decode(streams_at, ops_at, n):
             h = streams[s] or 0
             if kind in (so.EVENT_RECORD, so.EVENT_WAIT):
@@ -216,7 +215,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
     op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
-    op.streams = [log.Stream(0x6000 + j) for j in range(max(1, W - 1))]
+    op.streams = [log.Stream(0x6000 + j) for j in range(W)]      # a copy stream per peer, the local stream
     op._peers = [torch.zeros(W * rows, K, dtype=torch.float16) if p in near else None for p in range(W)]
     op._flag_at = {"ready": [0x100000 + 0x1000 * p + 8 * rank for p in range(W)],
                    "freed": [0x200000 + 0x1000 * p + 8 * rank for p in range(W)]}
@@ -224,18 +223,22 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
     op._freed_here = [0x400000 + 8 * q for q in range(W)]
     op._arrived_at = [op.arrived.data_ptr() + 8 * i for i in range(W * chunks)]
     op._slot = op.a_full[rank * rows:(rank + 1) * rows]
-    op.kernel_prof, op.tiles = None, 1
+    op.kernels_prof, op.tiles, op._last_a = None, [1, 1], None
     op.kernel = SimpleNamespace(launch=lambda *t: log.ops.append(("GEMM", log.current, *[x.data_ptr() for x in t])))
+    op.kernel_own = op.kernel
 
-    def entry(a, b, c, arrived, stream):
-        log.ops.append(("GEMM", stream, a, b, c, arrived))
+    def entry(*args):
+        log.ops.append(("GEMM", args[-1], *args[:-1]))
         return 0
-    op._direct = (entry, lambda: b"") if direct else None
-    op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2,
-             peer_at=[None if t is None else t.data_ptr() for t in op._peers],
-             streams=[s.cuda_stream for s in op.streams], gate=GATE,
-             joins=[JOIN0 + j for j in range(len(op.streams))], arrived=op.arrived.data_ptr(),
-             arrived_bytes=op.arrived.nbytes)
+    op._direct = op._direct_own = (entry, lambda: b"") if direct else None
+    op._start, op._copied, op._gate = (log.Event(name=n) for n in ("start", "copied", "gate"))
+    op._joins = [log.Event(name="join") for _ in op.streams]
+    if W > 1:
+        op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2,
+                 peer_at=[None if t is None else t.data_ptr() for t in op._peers],
+                 streams=[s.cuda_stream for s in op.streams], events=dict(start=START, copied=COPIED, gate=GATE),
+                 joins=[JOIN0 + j for j in range(len(op.streams))], arrived=op.arrived.data_ptr(),
+                 arrived_bytes=op.arrived.nbytes)
     return op
 
 
@@ -248,9 +251,10 @@ def _args(op, contiguous=True):
 @pytest.mark.parametrize("W,rank,near", [(3, 1, {0, 1, 2}), (4, 2, {2, 3}), (2, 0, {0})])
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, contiguous):
-    """One shim call before the GEMM and one after issue what the step-by-step path (the profiled call) issues:
-    the same operations, streams, addresses and values, in the same order (steps 1-6 of the module docstring),
-    for peers of this node (copies through the mapping, stream writes) and of another (NVSHMEM gets, signals)."""
+    """Three shim calls around the two GEMMs issue what the step-by-step path (the profiled call) issues: the
+    same operations, streams, addresses and values, in the same order (steps 1-6 of the module docstring), for
+    peers of this node (copies through the mapping, stream writes) and of another (NVSHMEM gets, signals); the
+    GEMM of the own rows comes before any wait on the main stream, and reads `a_local` itself when it can."""
     log = fake_cuda
     op = _ag_gemm(log, W, rank, near)
     a, b, c = _args(op, contiguous)
@@ -262,12 +266,29 @@ def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, con
     fast = log.ops
     assert fast == steps
     kinds = [o[0] for o in fast]
-    assert kinds.count("GEMM") == 1 and kinds[-1] == so.ZERO
-    if contiguous:   # a_local is a program op: the copies are those of the chunks, plus one
+    assert kinds.count("GEMM") == 2 and kinds[-1] == so.ZERO
+    first, second = (i for i, k in enumerate(kinds) if k == "GEMM")
+    assert fast[second] == ("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())
+    on_main = [o for o in fast[:first] if o[1] == MAIN]
+    local = op.streams[-1].cuda_stream
+    if contiguous:   # a_local is a program op (the local stream's copy); the first GEMM reads it where it is
         assert kinds.count(so.COPY) == 1 + op.chunks * len(near - {rank})
+        assert fast[first] == ("GEMM", MAIN, a.data_ptr(), b.data_ptr(), c.data_ptr())
+        assert on_main == [(so.EVENT_RECORD, MAIN, "start")]          # nothing waited for ahead of it
+        copy = next(o for o in fast if o[0] == so.COPY)
+        assert copy[1:5] == (local, op._slot.data_ptr(), a.data_ptr(), a.nbytes)
+    else:            # copied by torch into the slot on the main stream, after the waits for the peers' reads
+        assert fast[first] == ("GEMM", MAIN, op._slot.data_ptr(), b.data_ptr(), c.data_ptr())
+        assert [o[0] for o in on_main] == [so.WAIT_GEQ, so.WRITE] * (W - 1) + [so.COPY] + \
+            [so.WRITE if p in near else so.SIGNAL_ADD for p in ((rank + j) % W for j in range(1, W))] + \
+            [so.EVENT_RECORD]
+    # the second GEMM comes after my copy (its event), every peer's ready flag and the gate
+    between = [o for o in fast[first + 1:second] if o[1] == MAIN]
+    assert between[0] == (so.EVENT_WAIT, MAIN, "copied") and between[-1] == (so.EVENT_RECORD, MAIN, "gate")
+    assert [o[0] for o in between[1:-1]] == [so.WAIT_GEQ] * (W - 1)
 
 
-def test_fast_path_makes_one_shim_call_before_and_one_after_the_gemm(fake_cuda):
+def test_fast_path_makes_three_shim_calls_and_two_launches(fake_cuda):
     log = fake_cuda
     op = _ag_gemm(log, 8, 3, set(range(8)))
     calls = []
@@ -275,18 +296,23 @@ def test_fast_path_makes_one_shim_call_before_and_one_after_the_gemm(fake_cuda):
     op._stream_ops = lambda *a: calls.append(a[2]) or inner(*a)
     a, b, c = _args(op)
     op(a, b, out=c)
-    assert len(calls) == 2 and calls[1] == 2 * 7 + 1            # after: a join per copy stream, the zero fill
-    assert [o[0] for o in log.ops].count("GEMM") == 1
+    assert len(calls) == 3 and calls[2] == 2 * 8 + 1   # after: a join per copy stream and the local one, a zero fill
+    assert [o[0] for o in log.ops].count("GEMM") == 2
 
 
-def test_world_size_one_is_a_copy_the_gemm_and_a_zero_fill(fake_cuda):
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_world_size_one_is_the_gemm_alone_on_a_local(fake_cuda, contiguous):
+    """Nothing to gather: no copy, no flag, no program; the GEMM reads a_local (a contiguous copy of it when it is
+    not contiguous), and gathered() is the a_local of the last call."""
     log = fake_cuda
     op = _ag_gemm(log, 1, 0, {0})
-    a, b, c = _args(op)
-    op(a, b, out=c)
-    assert [o[0] for o in log.ops] == [so.COPY, "GEMM", so.ZERO]
-    assert log.ops[0][2:5] == (op.a_full.data_ptr(), a.data_ptr(), a.nbytes)
-    assert log.ops[1] == ("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        assert op(a, b, out=c) is c
+    [gemm] = log.ops
+    assert gemm[0] == "GEMM" and gemm[1] == MAIN and gemm[3:] == (b.data_ptr(), c.data_ptr())
+    assert (gemm[2] == a.data_ptr()) == contiguous
+    assert op.gathered() is a
 
 
 def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_cuda):
@@ -295,7 +321,8 @@ def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_c
     a, b, c = _args(op)
     op(a, b, out=c)
     gemm = [o for o in log.ops if o[0] == "GEMM"]
-    assert gemm == [("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())]
+    assert gemm == [("GEMM", MAIN, a.data_ptr(), b.data_ptr(), c.data_ptr()),
+                    ("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())]
     log.ops = []
     old = _ag_gemm(log, 3, 0, {0, 1, 2}, with_ops=False)     # a shim without ts_stream_ops: the steps
     assert old._stream_ops is None
@@ -313,7 +340,7 @@ def test_a_new_output_when_out_is_none(fake_cuda):
 
 def test_a_failed_direct_launch_raises_with_the_librarys_error(fake_cuda):
     op = _ag_gemm(fake_cuda, 2, 0, {0, 1})
-    op._direct = (lambda *a: 1, lambda: b"no kernel image")
+    op._direct_own = (lambda *a: 1, lambda: b"no kernel image")
     op.KERNEL = "ag_gemm"
     a, b, c = _args(op)
     with pytest.raises(RuntimeError, match="ag_gemm kernel launch failed: no kernel image"):
@@ -359,22 +386,24 @@ def test_the_gemm_takes_its_direct_entry():
 
     from tilescale.ops.direct_launch import argtypes_for, call_signature
 
-    r = agm.ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16")      # tests/prebuild_cpu_tier.py builds it
-    host = Path(r.library).with_suffix(".cu").read_text()
-    types = argtypes_for(call_signature(host), ("A", "B", "C", "arrived"))
-    assert types == [ctypes.c_void_p] * 5, host[host.find("int call("):][:400]
+    for own, names in ((False, ("A", "B", "C", "arrived")), (True, ("A", "B", "C"))):
+        r = agm.ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16", own=own)   # tests/prebuild_cpu_tier.py
+        host = Path(r.library).with_suffix(".cu").read_text()
+        types = argtypes_for(call_signature(host), names)
+        assert types == [ctypes.c_void_p] * (len(names) + 1), host[host.find("int call("):][:400]
     src = inspect.getsource(agm.AGGemm.__init__)
+    assert 'self.build(fn, jobs[0][1], ("A", "B", "C"))' in src
     assert 'self.build(fn, self.args, ("A", "B", "C", "arrived"))' in src
 
 
 def test_the_cpu_harness_runs():
-    """benchmarks/host_cpu.py (the CPU-side Python cost per call; stand-ins for every CUDA call) runs and finds one
-    direct launch and two shim calls per AG+GEMM call at any world size."""
+    """benchmarks/host_cpu.py (the CPU-side Python cost per call; stand-ins for every CUDA call) runs and finds two
+    direct launches and three shim calls per AG+GEMM call at world size 4, one direct launch alone at 1."""
     cmd = [sys.executable, str(REPO / "benchmarks" / "host_cpu.py"), "--calls", "200", "--world", "1", "4"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout
     assert "NOT a GPU measurement" in r.stdout
-    for W in (1, 4):
+    for W, calls in ((1, "1: kernel direct launch x1"), (4, "5: kernel direct launch x2, shim ts_stream_ops x3")):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"AG+GEMM op(a, b, out=c), W={W} "))
-        assert row.endswith("3: kernel direct launch x1, shim ts_stream_ops x2"), row
+        assert row.endswith(calls), row
     assert "AllGather ag(x)" in r.stdout and "1: kernel direct launch x1" in r.stdout

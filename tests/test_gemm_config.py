@@ -149,8 +149,8 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     t = write_table(tmp_path / "t.json", [("ag_gemm", 8192, 2048, 8192, [BIG_M]),
                                           ("gemm_rs", 8192, 8192, 4096, [SMALL])])
     monkeypatch.setattr(gemm, "TUNING_FILE", t)
-    [args] = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))
-    assert args[6:] == (256, 128, 64, 3, 256, 4)
+    own, peers = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))   # its two GEMMs: one config
+    assert own[6:] == (256, 128, 64, 3, 256, 4, False, True) and peers[6:] == (256, 128, 64, 3, 256, 4, False, False)
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
     assert r[3] == 128 // 32 * (8192 // 256)   # completion count per row block: consumer warps x column tiles
@@ -216,7 +216,7 @@ def build_jobs() -> dict:
     from tilescale.toolchain import stub_libcuda_dir
 
     b = _sweep()
-    [ag] = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)
+    _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)   # the GEMM of the others' rows
     g, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD = textwrap.dedent("""
     import tilescale
     from tilescale.ops.allgather_gemm import kernels
-    [(ag_gemm_kernel, args)] = kernels(2048, 2048, 1024, 2, "bfloat16")
+    _, (ag_gemm_kernel, args) = kernels(2048, 2048, 1024, 2, "bfloat16")   # the GEMM whose tiles wait
     pf = ag_gemm_kernel.get_tir(*args)
     tilescale.build(pf, compile_flags=["-Xptxas=-v"], wait_timeout_s=30)
 """)

@@ -58,13 +58,17 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
 
 
 def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 1024) -> None:
-    r = ag_gemm_kernel.build(M, N, K, world_size, 4)
-    print(f"built {r.library}")
+    for own in (True, False) if world_size > 1 else (True,):    # the GEMM of the own rows, then of the others'
+        r = ag_gemm_kernel.build(M, N, K, world_size, 4, own=own)
+        print(f"built {r.library}")
 
 
 def test_ag_gemm_compiles_for_sm90():
+    """Both GEMMs: the others' rows wait for their chunk; the own rows wait for nothing."""
     r = ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16")
     assert r.spec.distributed and "tilescale::wait_until" in r.source and "wgmma" in r.source
+    own = ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16", own=True)
+    assert "tilescale::wait_until" not in own.source and "wgmma" in own.source
 
 
 if pytest is not None:

@@ -529,7 +529,7 @@ def test_tp_layer_kernels_compile_for_sm90():
     from tilescale.ops.gemm_reduce_scatter import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
 
     jobs = fused_jobs(2, 200, 512, 1024)
-    assert [fn for fn, _ in jobs] == [ag_gemm_kernel, gemm_rs_gemm_kernel, gemm_rs_reduce_kernel]
+    assert [fn for fn, _ in jobs] == [ag_gemm_kernel, ag_gemm_kernel, gemm_rs_gemm_kernel, gemm_rs_reduce_kernel]
     assert all(args[0] == 2 * 256 for _, args in jobs)       # M: 200 rows per rank padded to 256
     for fn, args in jobs:
         r = fn.build(*args)

@@ -5,11 +5,14 @@ torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
     A = torch.empty(M, K); torch.distributed.all_gather_into_tensor(A, A_local)
     C = A @ B
 
-How it overlaps: the GEMM kernel starts at once on this rank's own rows while the other shards are
-pulled over NVLink by the copy engines (no SM is taken from the GEMM); each GEMM tile waits only for the
-chunk of rows it needs. Rows are computed in the order they arrive: own shard, then rank+1, rank+2, ...
-A rank of another node (``TILESCALE_NODE_SIZE`` included, per :func:`tilescale.topology.current`) has
-no peer view: its chunks are pulled with NVSHMEM's on-stream get (``nvshmemx_getmem_on_stream``) instead.
+How it overlaps: the GEMM starts at once on this rank's own rows, read where they are (`a_local`): no copy and
+no wait ahead of it. Meanwhile this rank's shard is copied into its slot of the symmetric gathered buffer
+(``A_full``), where peers pull it from, and the other shards are pulled over NVLink by the copy engines (no SM is
+taken from the GEMM); then a second launch of the GEMM computes the other ranks' rows, each tile waiting only for
+the chunk of rows it needs. Rows are computed in the order they arrive: own shard, then rank+1, rank+2, ...
+A rank of another node (``TILESCALE_NODE_SIZE`` included, per :func:`tilescale.topology.current`) has no peer
+view: its chunks are pulled with NVSHMEM's on-stream get (``nvshmemx_getmem_on_stream``) instead. At world size
+1 there is nothing to gather: the call is the first GEMM alone, on `a_local`.
 
 Signal protocol of one call. Flags are set to 1 by their one writer and reset to 0 by their one reader,
 so no value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and
@@ -19,30 +22,34 @@ NVSHMEM's on-stream signal (an add) for a rank of another node. ``ready[q]`` (sy
 slot of its ``A_full`` holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my
 slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): that chunk is here.
 
-1. main stream: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set it to 0;
-2. main stream: copy A_local into my slot of ``A_full`` (symmetric), then set ``ready[me] = 1`` on every peer;
-3. main stream: wait until ``ready[q] >= 1`` for every peer q (every slot holds this call's shard), then an
-   event that the copy streams wait for. The GEMM starts after this: a pull from a rank on the same GPU
-   (ranks sharing one) is a copy kernel, which would find every SM taken by the GEMM's waiting tiles if the
-   GEMM were launched before the pull could start;
-4. copy streams (one per peer src), after that event: set ``ready[src]`` to 0; for each chunk of src's
+1. main stream: the GEMM of my own rows, ``C[my rows] = a_local @ B`` (TMA loads from `a_local` itself);
+2. local stream (beside 1, after the work enqueued before the call): for every peer q, wait until
+   ``freed[q] >= 1`` (q is done reading my slot), set it to 0; copy a_local into my slot of ``A_full``, then set
+   ``ready[me] = 1`` on every peer; then an event (``copied``);
+3. main stream, after 1: wait for ``copied`` and until ``ready[q] >= 1`` for every peer q (every slot holds
+   this call's shard), then an event (``gate``) that the copy streams wait for. The second GEMM starts after
+   this: my copy (a copy kernel: a device-to-device copy takes SMs) and a pull from a rank on the same GPU (ranks
+   sharing one: a copy kernel too) would find every SM taken by its waiting tiles if it were launched before
+   they could start;
+4. copy streams (one per peer src), after ``gate``: set ``ready[src]`` to 0; for each chunk of src's
    shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
    from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
    ``freed[me] = 1`` on src;
-5. main stream: GEMM; a tile on rows of another rank first waits until ``arrived[src, chunk] >= 1``
-   (acquire, system scope), then loads them with TMA;
-6. main stream: joins the copy streams, then zeroes ``arrived`` (the next call's copy streams start after
-   its step 3, so after this).
+5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
+   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA;
+6. main stream: joins the copy streams and the local stream, then zeroes ``arrived`` (the next call's copy
+   streams start after its step 3, so after this).
 
 Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
-src's next set of ``ready[src]`` waits for (its 1, 2); my reset of ``freed[q]`` (1) precedes my ``ready``
+src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready``
 signal to q, which q's next set of ``freed[q]`` waits for (its 3, 4).
 
-How the host issues a call: steps 1-4 are one program of stream operations (:mod:`.stream_ops`, built once by
-``AGGemm._plan``: the flag writes and waits, the copies, NVSHMEM's gets and signals and the events, in the
-order above, each on its stream), issued by one call of the runtime shim; then the GEMM (5, through the
-kernel's C entry point); then step 6, a second program. A non-contiguous `a_local` is copied by torch between
-step 1 and the rest of the program; a profiled call issues the same steps one by one from Python.
+How the host issues a call: an event record and step 2 are one program of stream operations (:mod:`.stream_ops`,
+built once by ``AGGemm._plan``: the flag writes and waits, the copies, NVSHMEM's gets and signals and the events,
+in the order above, each on its stream), issued by one call of the runtime shim; then the first GEMM (1, through
+the kernel's C entry point); then steps 3-4 (a second program); the second GEMM (5); step 6 (a third program). A
+non-contiguous (or not 16-byte aligned) `a_local` is copied into my slot by torch on the main stream first (after
+step 2's waits), and the first GEMM reads it there; a profiled call issues the same steps one by one from Python.
 """
 
 import tilescale
@@ -61,8 +68,13 @@ __all__ = ["AGGemm", "ag_gemm"]
 @tilescale.jit
 def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
                    block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                   swizzle: int = 10, profile: bool = False):
-    """The GEMM of :class:`AGGemm`: `C = A_full @ B`, tiles of other ranks' rows wait for their chunk.
+                   swizzle: int = 10, profile: bool = False, own: bool = False):
+    """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (M x N):
+
+    - `own`: this rank's rows, ``C[me * rows:(me + 1) * rows] = A @ B`` with `A` its shard (M / W rows) as the
+      caller gave it; nothing is waited for (step 1 of the module docstring);
+    - else: the other ranks' rows, in the order they arrive (rank+1's, rank+2's, ...), `A` the gathered buffer (M
+      rows); a tile first waits for its chunk's ``arrived`` flag (step 5). Its parameters are (A, B, C, arrived).
 
     `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per tile of the grid) where thread 0 of
     each tile writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
@@ -73,29 +85,35 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     tiles_per_rank = tiles_m // W
     rows_per_chunk = (M // W) // chunks
     tiles_n = (N + block_n - 1) // block_n
-    Prof = T.Tensor((tiles_m * tiles_n * TILE_WORDS,), "uint64") if profile else None
+    grid_m = tiles_per_rank if own else tiles_m - tiles_per_rank
+    Prof = T.Tensor((grid_m * tiles_n * TILE_WORDS,), "uint64") if profile else None
+    Arrived = None if own else T.Tensor((W * chunks,), "uint64")
 
     @T.prim_func
-    def ag_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: T.Tensor((W * chunks,), "uint64"), prof: Prof):
-        with T.Kernel(T.ceildiv(N, block_n), tiles_m, threads=threads) as (bx, by):
+    def ag_gemm(A: T.Tensor((M // W if own else M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+                arrived: Arrived, prof: Prof):
+        with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             me = T.get_rank()
-            rb = (by + me * tiles_per_rank) % tiles_m      # own rows first, then rank+1, rank+2, ...
-            src = rb // tiles_per_rank
-            chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
+            if own:
+                rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
+                src, chunk = me, by * block_m // rows_per_chunk
+            else:
+                rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...
+                src = rb // tiles_per_rank
+                chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
             if profile:
                 slot = (by * tiles_n + bx) * TILE_WORDS
                 if T.get_thread_binding() == 0:
                     prof[slot] = T.timestamp()
-            if src != me:
+            if not own:
                 T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
             if profile:
                 if T.get_thread_binding() == 0:
                     prof[slot + 1] = T.timestamp()
                     for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
                         prof[slot + 3 + i] = T.cast(v, "uint64")
-            tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages, False)
+            tile_loop(A, B, C, As, Bs, Cl, Cs, by if own else rb, bx, stages, False, c_rb=rb)
             if profile:
                 if T.get_thread_binding() == 0:
                     prof[slot + 2] = T.timestamp()
@@ -105,14 +123,17 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
 
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
             config: GemmConfig | None = None) -> list:
-    """[(jit function, args)] of the kernel :class:`AGGemm` compiles for this problem."""
+    """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
+    then (world size > 1) the GEMM of the other ranks' rows."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
     while tiles_per_rank % chunks:
         chunks -= 1
-    return [(ag_gemm_kernel, (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages,
-                              cfg.threads, cfg.swizzle))]
+    args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+            cfg.swizzle, False)
+    parts = (True, False) if world_size > 1 else (True,)
+    return [(ag_gemm_kernel, (*args, own)) for own in parts]
 
 
 class AGGemm(Op):
@@ -120,7 +141,7 @@ class AGGemm(Op):
 
     `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
     `out=` is given). The gathered A of the last call stays in ``op.gathered()``. `profile` (default
-    TILESCALE_PROFILE_DEVICE) also builds the kernel with in-kernel timestamps, used while a
+    TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel timestamps, used while a
     tilescale.profiler session records WAIT/TILE events.
     """
 
@@ -142,18 +163,30 @@ class AGGemm(Op):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
-            [(fn, args)] = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config)
-        W, self.args = self.world_size, args
+            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config)
+        W, (fn, self.args) = self.world_size, jobs[-1]
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
         self.chunks = self.args[4]
+        self._last_a = None       # world size 1: the a_local of the last call (gathered())
+        # the GEMM of my rows (step 1), and of the others' (step 5; world size > 1)
+        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C"))
+        self.kernel, self._direct = self.build(fn, self.args, ("A", "B", "C", "arrived")) if W > 1 else (None, None)
+        self.launch_path = "direct" if self._direct_own is not None else "tilelang"  # how __call__ launches
+        # the same kernels with timestamps (profile: the last two args are profile and own), and their tiles
+        self.kernels_prof = [fn(*a[:-2], profile=True, own=a[-1]).prepare() for _, a in jobs] if profile else None
+        tiles_n = -(-N // self.args[7])
+        self.tiles = [self.rows // self.args[6] * tiles_n, (M - self.rows) // self.args[6] * tiles_n]
+        if W == 1:
+            return
         self.a_full = self.symmetric((M, K), dtype)
         self.ready = self.symmetric((W,), torch.uint64, zero=True)
         self.freed = self.symmetric((W,), torch.uint64, zero=True)
         self.freed.fill_(1)     # no peer reads my slot before the first call (a peer sets it only after that)
         torch.cuda.current_stream().synchronize()
         self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=self.rt.device)
-        self.streams = [torch.cuda.Stream(priority=-1) for _ in range(max(1, W - 1))]
+        # a copy stream per peer (step 4), then the local stream (step 2)
+        self.streams = [torch.cuda.Stream(priority=-1) for _ in range(W)]
         # a peer of this node: a torch view of its A_full (copy-engine pulls) and the addresses of its flags
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
@@ -166,34 +199,37 @@ class AGGemm(Op):
         self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
         self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
         self._slot = self.a_full[self.rank * self.rows:(self.rank + 1) * self.rows]   # my rows of A_full (step 2)
-        self.kernel, self._direct = self.build(fn, self.args, ("A", "B", "C", "arrived"))
-        self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches the GEMM
-        self.kernel_prof = fn(*self.args, profile=True).prepare() if profile else None
-        self.tiles = (M // self.args[6]) * -(-N // self.args[7])   # grid of the kernel: tile records
-        # the gate of step 3 and a join per copy stream (step 6): made once, recorded once here (a CUDA event
-        # exists from its first record), reused by every call (a wait sees the record made before it)
-        self._gate, self._joins = torch.cuda.Event(), [torch.cuda.Event() for _ in self.streams]
+        # the events of the steps: made once, recorded once here (a CUDA event exists from its first record), reused
+        # by every call (a wait sees the record made before it): the call's start, step 2's copy, step 3's gate and
+        # a join per copy stream and the local stream (step 6)
+        self._start, self._copied, self._gate = torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event()
+        self._joins = [torch.cuda.Event() for _ in self.streams]
         main = torch.cuda.current_stream()
-        for e in (self._gate, *self._joins):
+        for e in (self._start, self._copied, self._gate, *self._joins):
             e.record(main)
         main.synchronize()
         self._plan(a_full=self.a_full.data_ptr(), row_bytes=self.K * self.a_full.element_size(),
                    peer_at=[None if t is None else t.data_ptr() for t in self._peers],
-                   streams=[s.cuda_stream for s in self.streams], gate=self._gate.cuda_event,
+                   streams=[s.cuda_stream for s in self.streams],
+                   events=dict(start=self._start.cuda_event, copied=self._copied.cuda_event,
+                               gate=self._gate.cuda_event),
                    joins=[e.cuda_event for e in self._joins], arrived=self.arrived.data_ptr(),
                    arrived_bytes=self.arrived.nbytes)
 
-    def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, gate: int, joins: list,
+    def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
               arrived: int, arrived_bytes: int) -> None:
-        """The host steps of a call (module docstring, 1-6) as programs of stream operations, issued by one shim
-        call each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``),
-        in the order of the steps: ``_pre`` (1-4: everything before the GEMM; the copy of `a_local` is op
-        ``_copy_at``, whose source each call sets), or ``_pre_head`` (1), a torch copy, ``_pre_tail`` (2-4) when
-        `a_local` is not contiguous; then the GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node:
-        the address of its A_full; else None), `gate`, `joins`, `arrived`: raw addresses and handles."""
+        """The host steps of a call (module docstring, 2-4 and 6) as programs of stream operations, issued by one shim
+        call each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``: a
+        copy stream per peer, the local stream last), in the order of the steps: ``_local`` (the call's start, then
+        2, whose copy of `a_local` is op ``_copy_at``, its source set per call), or, when `a_local` is not
+        contiguous, ``_local_head`` (2's waits, on the main stream), a torch copy, ``_local_tail`` (2's signals and
+        event); then the first GEMM (1); ``_pre`` (3-4); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a
+        peer of this node: the address of its A_full; else None), `events` (start, copied, gate), `joins`, `arrived`:
+        raw addresses and handles."""
         W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
         peers = [(r + j) % W for j in range(1, W)]
         step = rows // chunks
+        local = W          # the local stream's index
         ops = []
 
         def add(kind, a, b=0, n=0, stream=0, pe=0):
@@ -205,20 +241,30 @@ class AGGemm(Op):
             else:
                 add(so.SIGNAL_ADD, self._flag_at[flag][pe], 1, stream=stream, pe=pe)
 
-        for q in peers:                                                                        # 1
-            add(so.WAIT_GEQ, self._freed_here[q], 1)
-            add(so.WRITE, self._freed_here[q], 0)
-        head = len(ops)
-        add(so.COPY, a_full + r * rows * row_bytes, 0, rows * row_bytes)                       # 2 (source: a_local)
+        def local_steps(stream):                                                               # 2
+            for q in peers:
+                add(so.WAIT_GEQ, self._freed_here[q], 1, stream=stream)
+                add(so.WRITE, self._freed_here[q], 0, stream=stream)
+            head = len(ops)
+            add(so.COPY, a_full + r * rows * row_bytes, 0, rows * row_bytes, stream=stream)  # (source: a_local)
+            for q in peers:
+                signal("ready", q, stream)
+            add(so.EVENT_RECORD, events["copied"], stream=stream)
+            return head
+
+        add(so.EVENT_RECORD, events["start"])
+        add(so.EVENT_WAIT, events["start"], stream=local)
+        head = local_steps(local)
+        self._local, ops = ops, []
+        head_main = local_steps(0)                     # the same on the main stream (a_local copied by torch)
+        self._local_head, self._local_tail, ops = ops[:head_main], ops[head_main + 1:], []
+        add(so.EVENT_WAIT, events["copied"])                                                   # 3
         for q in peers:
-            signal("ready", q, 0)
-        for q in peers:                                                                        # 3
             add(so.WAIT_GEQ, self._ready_here[q], 1)
-        if peers:
-            add(so.EVENT_RECORD, gate)
+        add(so.EVENT_RECORD, events["gate"])
         for j, src in enumerate(peers):                                                        # 4
             s = j + 1
-            add(so.EVENT_WAIT, gate, stream=s)
+            add(so.EVENT_WAIT, events["gate"], stream=s)
             add(so.WRITE, self._ready_here[src], 0, stream=s)
             for ch in range(chunks):
                 off = (src * rows + ch * step) * row_bytes
@@ -228,8 +274,9 @@ class AGGemm(Op):
                     add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
                 add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
             signal("freed", src, s)
+        pre = ops
         post = []
-        for j in range(len(peers)):                                                            # 6
+        for j in range(len(streams)):                                                          # 6
             post += [(so.EVENT_RECORD, joins[j], 0, 0, j + 1, 0), (so.EVENT_WAIT, joins[j], 0, 0, 0, 0)]
         post.append((so.ZERO, arrived, 0, arrived_bytes, 0, 0))
 
@@ -239,21 +286,22 @@ class AGGemm(Op):
                 p.add(kind, a, b, n, stream=stream, pe=pe)
             return p.seal()
 
-        self._pre, self._pre_head, self._pre_tail = program(ops), program(ops[:head]), program(ops[head + 1:])
-        self._post = program(post)
+        self._local, self._local_head, self._local_tail = (program(self._local), program(self._local_head),
+                                                           program(self._local_tail))
+        self._pre, self._post = program(pre), program(post)
         self._copy_at = head
-        self._a_local_op = self._pre.array[head]       # a view into the program: its source is set per call
+        self._a_local_op = self._local.array[head]     # a view into the program: its source is set per call
         self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
-        self._launch_args = (a_full, arrived)    # the GEMM's A and arrived (direct launch)
 
     def gathered(self):
-        """The gathered A of the last call (this op's buffer: the next call overwrites it)."""
-        return self.a_full
+        """The gathered A of the last call: this op's buffer (the next call overwrites it); at world size 1, the
+        `a_local` of the last call itself (nothing is gathered, and no copy is made)."""
+        return self._last_a if self.world_size == 1 else self.a_full
 
     def _validate(self, a_local, b, out) -> None:
-        """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides:
-        copied into the gathered buffer); `b` (K, N) and `out` (M, N) handed to the kernel as they are:
-        contiguous and 16-byte aligned (TMA)."""
+        """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides: a
+        non-contiguous one is copied into the gathered buffer first); `b` (K, N) and `out` (M, N) handed to the
+        kernels as they are: contiguous and 16-byte aligned (TMA)."""
         d, dt = self.device, self.dtype
         checks.check_tensor("AGGemm", "a_local", a_local, shape=(self.rows, self.K), dtype=dt, device=d,
                             what="M / world_size rows")
@@ -279,60 +327,106 @@ class AGGemm(Op):
         else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
+    def _gemm_own(self, a, b, c, m) -> None:
+        """Step 1: the GEMM of my rows, through its C entry point (raw pointers, the stream last) or tilelang."""
+        direct = self._direct_own
+        if direct is None:
+            self.kernel_own.launch(a, b, c)
+        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), m):
+            raise self.launch_error(direct)
+
+    def _gemm_peers(self, b, c, m) -> None:
+        """Step 5: the GEMM of the other ranks' rows, as :meth:`_gemm_own`."""
+        direct = self._direct
+        if direct is None:
+            self.kernel.launch(self.a_full, b, c, self.arrived)
+        elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), m):
+            raise self.launch_error(direct)
+
+    def launch_error(self, direct=None) -> RuntimeError:
+        direct = direct or self._direct_own
+        return RuntimeError(f"{self.KERNEL} kernel launch failed: {direct[1]().decode(errors='replace')}")
+
     def __call__(self, a_local, b, out=None):
         m = self.begin(a_local, b, out)
         if profiling.current is not None:
             rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K)
             if rec is not None:
                 return self._call_steps(a_local, b, out, rec)
-        fn = self._stream_ops
-        if fn is None:     # a shim without ts_stream_ops
-            return self._call_steps(a_local, b, out, None)
         if out is None:
             import torch
 
             out = torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
-        if a_local.is_contiguous():                     # 1-4 in one shim call: the copy of a_local is a program op
+        if self.world_size == 1:                        # 1 alone: nothing to gather
+            self._last_a = a_local
+            a = a_local if a_local.is_contiguous() and not a_local.data_ptr() & 15 else a_local.contiguous()
+            self._gemm_own(a, b, out, m)
+            return out
+        fn = self._stream_ops
+        if fn is None:     # a shim without ts_stream_ops
+            return self._call_steps(a_local, b, out, None)
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 in one shim call; a_local a program op
             self._a_local_op.b = a_local.data_ptr()
-            self._pre.run(fn, m, "AGGemm")
-        else:                                           # 1, the copy by torch (any strides), 2-4
-            self._pre_head.run(fn, m, "AGGemm")
+            self._local.run(fn, m, "AGGemm")
+            a = a_local
+        else:                                           # 2 on the main stream: its waits, the copy by torch, the rest
+            self._local_head.run(fn, m, "AGGemm")
             self._slot.copy_(a_local)
-            self._pre_tail.run(fn, m, "AGGemm")
-        direct = self._direct
-        if direct is not None:                                                                 # 5
-            a_at, arrived_at = self._launch_args
-            if direct[0](a_at, b.data_ptr(), out.data_ptr(), arrived_at, m):
-                raise self.launch_error()
-        else:
-            self.kernel.launch(self.a_full, b, out, self.arrived)
+            self._local_tail.run(fn, m, "AGGemm")
+            a = self._slot
+        self._gemm_own(a, b, out, m)                                                           # 1
+        self._pre.run(fn, m, "AGGemm")                                                         # 3, 4
+        self._gemm_peers(b, out, m)                                                            # 5
         self._post.run(fn, m, "AGGemm")                                                        # 6
         return out
 
     def _call_steps(self, a_local, b, out, rec):
         """A call step by step from Python (one torch / shim call per operation, the order of ``_plan``'s
-        programs): the profiled call (`rec`: the profiler's hooks between the copies and around the GEMM)."""
+        programs): the profiled call (`rec`: the profiler's hooks between the copies and around the GEMMs)."""
         import torch
 
         main = torch.cuda.current_stream()
         W, r, shim = self.world_size, self.rank, self.rt.shim
-        a_full, m = self.a_full, main.cuda_stream
-        peers = [(r + j) % W for j in range(1, W)]
-        for q in peers:                                                      # 1
-            shim.ts_stream_wait_geq_u64(m, self._freed_here[q], 1)
-            shim.ts_stream_write_u64(m, self._freed_here[q], 0)
-        self._slot.copy_(a_local)                                            # 2
-        for q in peers:
-            self._signal(m, "ready", q)
-        for q in peers:                                                      # 3
-            shim.ts_stream_wait_geq_u64(m, self._ready_here[q], 1)
-        gate = torch.cuda.Event()
-        gate.record(main)
+        m = main.cuda_stream
         c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
+        direct = a_local.is_contiguous() and not a_local.data_ptr() & 15
+
+        def gemm(kernel, prof, tiles, args, end):
+            if rec is None:
+                kernel.launch(*args)
+            else:  # LAUNCH (+ KERNEL, and WAIT/TILE from the instrumented kernel) events
+                rec.launcher(kernel, instrumented=prof, tiles=tiles, end=end)(*args)
+
+        prof = self.kernels_prof or [None, None]
+        if W == 1:                                                           # 1 alone
+            self._last_a = a_local
+            gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else a_local.contiguous(), b, c), True)
+            return c
+        a_full = self.a_full
+        peers = [(r + j) % W for j in range(1, W)]
+        local = self.streams[-1]
+        if direct:                                                           # 2 on the local stream
+            self._start.record(main)
+            local.wait_event(self._start)
+        s2 = local if direct else main
+        h2 = s2.cuda_stream
+        for q in peers:
+            shim.ts_stream_wait_geq_u64(h2, self._freed_here[q], 1)
+            shim.ts_stream_write_u64(h2, self._freed_here[q], 0)
+        with torch.cuda.stream(s2):
+            self._slot.copy_(a_local)
+        for q in peers:
+            self._signal(h2, "ready", q)
+        self._copied.record(s2)
+        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c), False)   # 1
+        main.wait_event(self._copied)                                        # 3
+        for q in peers:
+            shim.ts_stream_wait_geq_u64(m, self._ready_here[q], 1)
+        self._gate.record(main)
         step = self.rows // self.chunks
         for j, src in enumerate(peers):                                      # 4
             s = self.streams[j]
-            s.wait_event(gate)
+            s.wait_event(self._gate)
             h = s.cuda_stream
             with torch.cuda.stream(s):
                 if rec is not None:
@@ -350,13 +444,10 @@ class AGGemm(Op):
                     if rec is not None:
                         rec.copy_done(s, src, ch, a_full[rows].nbytes)
                 self._signal(h, "freed", src)
-        if rec is None:                                                      # 5
-            self.kernel.launch(a_full, b, c, self.arrived)
-        else:  # LAUNCH (+ KERNEL, and WAIT/TILE from the instrumented kernel) events, then the call ends
-            rec.launcher(self.kernel, instrumented=self.kernel_prof, tiles=self.tiles, end=True)(a_full, b, c,
-                                                                                                self.arrived)
-        for s in self.streams[:W - 1]:                                       # 6
-            main.wait_stream(s)
+        gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived), True)              # 5
+        for j, s in enumerate(self.streams):                                 # 6
+            self._joins[j].record(s)
+            main.wait_event(self._joins[j])
         self.arrived.zero_()
         return c
 

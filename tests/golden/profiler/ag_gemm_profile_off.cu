@@ -45,16 +45,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   __syncthreads();
   const dim3 blockIdx = tl::rasterization2DRow<10>();
   int me = nvshmem_my_pe();
-  if ((((((int)blockIdx.y) >> 4) + me) & 1) != me) {
-    tilescale::wait_until<unsigned long long>((&(arrived[(((((((int)blockIdx.y) >> 4) + me) & 1) * 4) + ((((int)blockIdx.y) & 15) >> 2))])), 3, (uint64_t)1, <site>);
-  }
+  tilescale::wait_until<unsigned long long>((&(arrived[((((me + 1) & 1) * 4) + (((int)blockIdx.y) >> 2))])), 3, (uint64_t)1, <site>);
   if (((int)threadIdx.x) < 128) {
     tl::warpgroup_reg_dealloc<24>();
     for (int ko = 0; ko < 8; ++ko) {
       mbarrier[((ko % 3) + 3)].wait((((ko % 6) / 3) ^ 1));
       if (tl::tl_shuffle_elect<128>()) {
         mbarrier[(ko % 3)].expect_transaction(16384);
-        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), ((((me * 16) + ((int)blockIdx.y)) & 31) * 128));
+        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
         mbarrier[(ko % 3)].arrive_and_expect_tx(32768);
         #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -103,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
       tl::fence_proxy_async();
       #pragma unroll
       for (int i_4 = 0; i_4 < 4; ++i_4) {
-        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), ((((me * 16) + ((int)blockIdx.y)) & 31) * 128));
+        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
       }
       tl::tma_store_arrive();
       tl::tma_store_wait<0, true>();
