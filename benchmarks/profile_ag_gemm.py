@@ -182,11 +182,12 @@ def _jobs(M, K, N, W):
     from tilescale.ops.allgather_gemm import ag_gemm_kernel, kernels
     from tilescale.profiler.device_timeline import stamp_kernel_jit
 
-    [(_, args)] = kernels(M, N, K, W, "bfloat16")
-    bound = ag_gemm_kernel.signature.bind(*args)   # the same kernel with profile=True, as positional args
-    bound.apply_defaults()
-    bound.arguments["profile"] = True
-    jobs = [(ag_gemm_kernel, args), (ag_gemm_kernel, tuple(bound.arguments.values()))]
+    jobs = []
+    for _, args in kernels(M, N, K, W, "bfloat16"):   # the GEMM of the own rows, then (W > 1) of the others'
+        bound = ag_gemm_kernel.signature.bind(*args)   # the same kernel with profile=True, as positional args
+        bound.apply_defaults()
+        bound.arguments["profile"] = True
+        jobs += [(ag_gemm_kernel, args), (ag_gemm_kernel, tuple(bound.arguments.values()))]
     try:  # the AllGather of the overhead measurement (what its constructor will build)
         from tilescale.ops.allgather import allgather_kernel, default_blocks_per_peer
 

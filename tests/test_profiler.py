@@ -926,6 +926,18 @@ def _bench():
     return mod
 
 
+@pytest.mark.parametrize("W", [1, 2, 4])
+def test_bench_prebuilds_both_gemms_plain_and_stamped(W):
+    """profile_ag_gemm's prebuild list: each of AG+GEMM's GEMMs (own rows; the others' when W > 1), plain and with
+    timestamps (the `profile` argument), then the AllGather and the clock stamp kernel."""
+    from tilescale.ops.allgather_gemm import ag_gemm_kernel
+
+    jobs, _ = _bench()._jobs(4096, 1024, 2048, W)
+    gemms = [args for fn, args in jobs if fn is ag_gemm_kernel]
+    own = [True, True, False, False][:2 if W == 1 else 4]
+    assert [a[-1] for a in gemms] == own and [a[-2] for a in gemms] == [False, True] * (len(own) // 2)
+
+
 def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):
     bench = _bench()
     _two_rank_traces(gpu, tmp_path)
