@@ -171,3 +171,31 @@ def test_capture_query_binds_torch_function_once(monkeypatch):
     replaced = lambda: True  # noqa: E731
     monkeypatch.setattr(base, "_capturing", replaced)
     assert base._first_capture_query() is False and base._capturing is replaced
+
+
+def test_call_on_the_default_stream_skips_the_capture_query(monkeypatch):
+    """On torch's default stream (raw handle 0, the legacy NULL stream, where CUDA cannot begin a capture) the fast
+    path makes no capture query; on any other stream it does, and a capturing stream takes Op.begin (captured)."""
+    import torch
+
+    from tilescale.ops import base
+
+    ag, launched, state = _allgather(monkeypatch)
+    x = torch.zeros(4, 8)
+    ag(x)                                        # agreed (Op.begin: its own capture query)
+    queries = []
+
+    def query():
+        queries.append(state["stream"])
+        return state["capturing"]
+
+    monkeypatch.setattr(base, "_capturing", query)
+    state["stream"] = 0
+    ag(x)
+    ag(x)
+    assert queries == [] and ag._order.switched == [0] and [a[-1] for a in launched] == [7, 0, 0]
+    state["stream"], state["capturing"] = 9, True
+    ag.counters.fill_(4)
+    got = ag(x)
+    assert queries[0] == 9 and ag.captured and ag._order.switched == [0]   # capturing: no stream switch
+    assert got.eq(20.0).all() and got.data_ptr() not in (b.data_ptr() for b in ag.buffers)

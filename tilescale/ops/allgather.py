@@ -181,14 +181,18 @@ class AllGather(DoubleBuffered):
     def __call__(self, x, out=None):
         # Op.begin, inline for the common call (issue 15: host time): not capturing a CUDA graph, no `out`, and the
         # signature of `x` agreed before (the key is Op.call_key's); the stream order as in Op.begin. Anything else,
-        # or an `x` whose key cannot be read, takes Op.begin itself.
+        # or an `x` whose key cannot be read, takes Op.begin itself. The capture query is skipped on torch's default
+        # stream, the legacy NULL stream (handle 0): CUDA refuses to begin a capture there (and torch.cuda.graph
+        # refuses the default stream), so it is never capturing.
         try:
             fast = out is None and (type(x), x.dtype, x.shape, x.device, None) in self._agreed
         except Exception:  # noqa: BLE001  (not a tensor: Op.begin's checks say what is wrong)
             fast = False
-        if fast and not base._capturing():
+        if fast:
             stream = self._stream()
-            if stream != self._order.handle:
+            if stream and base._capturing():
+                stream = self.begin(x, out)
+            elif stream != self._order.handle:
                 self._order.switch(stream)
         else:
             stream = self.begin(x, out)
