@@ -227,8 +227,9 @@ class AllGather(DoubleBuffered):
         return profiling.call_record("coll", "AllGather", "allgather", bytes=self.n * self.buffers[0].itemsize)
 
     def _call_recorded(self, x, p, stream, out):
-        """The launch and result of a call, recorded through the profiler's general path (OpCall: a session whose
-        call records are not one append, or the first call of a run, which decides on TILESCALE_PROFILE)."""
+        """The launch and result of a call, recorded through the profiler's general path (OpCall): in a session that
+        is not ``quick_coll`` (KERNEL timed by CUDA events, a live profiler, COLL masked off), or at the first call of
+        a run, which decides on TILESCALE_PROFILE."""
         rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes)
         if self._direct is not None:
             self.launch_direct(p, *self._ptrs, self.n, stream)
