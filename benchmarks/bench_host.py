@@ -27,6 +27,14 @@ rank: ``op(a, b, out=c)``; ``ag_gemm(a, b)``) and GEMM+RS on 8192 x 8192 x 8192 
 ``all_reduce``, ``reduce_scatter_tensor``), NCCL then cuBLAS for AG+GEMM and cuBLAS then NCCL for GEMM+RS;
 ``torch.matmul`` alone in every mode. Each is checked against torch once before it is timed.
 
+Floors (issue 15: what the op's Python costs above a launch on this host), measured right after ``ag(x)``'s row the
+same way: the op's C entry point (tilescale/ops/direct_launch.py, one ctypes call) called alone with the arguments
+``ag(x)`` passes it, with no Python op around it; and an empty kernel (PTX loaded through libcuda) launched with
+``cuLaunchKernel`` through ctypes, the driver's own floor. The line "python overhead above the launch floor" is
+``ag(x)``'s median minus its entry point's (per rank, the most of any rank). The entry point's launches advance the
+device's count of the op's calls, so the op's host count is set to the device's after them (and its result checked
+again).
+
 Targets (issue 15): an AllGather of 1 MiB per rank, the op object's call: <= 3 us; AG+GEMM, the op object's
 call: <= 30 us (the issue quotes 8.4 us and 219-243 us today; RESULTS.md run 7 has the 8.4 us). The functions'
 rows have no target.
@@ -48,6 +56,7 @@ that nothing inside bounds remain (a stream wait of AG+GEMM's handshake, NCCL's)
 (run_gpu_tier.sh does, 420 s; launch.sh ends every rank on SIGTERM).
 """
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -67,6 +76,10 @@ GROWTH_LIMIT = 1.2           # this script's bound for "does not grow": last qua
 QUEUE_SUSPECT = 2.0          # last call of a batch / first call above this: the calls may have waited for the GPU
 
 HEADER = ["op", "world size", "host us median", "p10", "p90", "growth", "target", "status"]
+ROW_PYTHON = "floor: a call of an empty Python function"
+ROW_AG = "AllGather 1 MiB/rank: op ag(x)"
+ROW_ENTRY = "floor: AllGather's C entry point alone (ctypes), ag(x)'s arguments"
+ROW_EMPTY = "floor: cuLaunchKernel of an empty kernel (ctypes, libcuda)"
 
 
 # --------------------------------------------------------------------------------------- report (CPU-testable)
@@ -99,6 +112,38 @@ def summary_lines(rows: list[dict]) -> list[str]:
         lines.append(f"warning: the last call of a batch took > {QUEUE_SUSPECT:g}x the first in: {', '.join(waited)} "
                      "(the calls may have waited for the GPU queue: try a smaller --batch / --fused-batch)")
     return lines
+
+
+def floor_summary(rows: list[dict]) -> dict | None:
+    """ag(x) against its launch floors (None without the entry point's row): ``python_us``, what ag(x) costs above
+    its C entry point called alone (per rank, the most of any rank), and the rows' medians."""
+    by = {r["op"]: r for r in rows}
+    ag, entry = by.get(ROW_AG), by.get(ROW_ENTRY)
+    if ag is None or entry is None:
+        return None
+    mine = ag.get("medians") or [ag["median"]]
+    floor = entry.get("medians") or [entry["median"]]
+    out = dict(python_us=max(a - e for a, e in zip(mine, floor, strict=True)), ag_us=ag["median"],
+               entry_us=entry["median"])
+    for key, name in (("empty_launch_us", ROW_EMPTY), ("python_call_us", ROW_PYTHON)):
+        if name in by:
+            out[key] = by[name]["median"]
+    return out
+
+
+def floor_lines(rows: list[dict]) -> list[str]:
+    """The line of :func:`floor_summary` (none without the entry point's row)."""
+    f = floor_summary(rows)
+    if f is None:
+        return []
+    line = (f"python overhead above the launch floor, ag(x): {f['python_us']:.2f} us per call (ag(x) "
+            f"{f['ag_us']:.2f} us, its C entry point alone {f['entry_us']:.2f} us; per rank, the most of any rank)")
+    if "empty_launch_us" in f:
+        line += (f"; an empty kernel's cuLaunchKernel {f['empty_launch_us']:.2f} us (the entry point above it: "
+                 f"{f['entry_us'] - f['empty_launch_us']:+.2f} us)")
+    if "python_call_us" in f:
+        line += f"; the timing loop's own floor (an empty Python call) {f['python_call_us']:.2f} us"
+    return [line]
 
 
 def replay_line(g: dict) -> str:
@@ -154,6 +199,81 @@ class Host:
         return row
 
 
+class EmptyKernel:
+    """An empty kernel (no parameters, ``ret``) loaded from PTX through libcuda into the current context (the
+    driver JIT-compiles it) and launched with ``cuLaunchKernel`` through ctypes: 1 block of 32 threads on `stream`
+    (a raw handle). ``launch()`` returns the CUresult (0: launched)."""
+
+    PTX = ".version {v}\n.target {t}\n.address_size 64\n.visible .entry tilescale_empty()\n{{\n\tret;\n}}\n"
+    TARGETS = (("7.0", "sm_70"), ("7.8", "sm_90"))   # the first the driver loads
+
+    def __init__(self, stream: int):
+        import ctypes
+
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ctx, mod, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(cuda, cuda.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            raise RuntimeError("no current CUDA context on this thread")
+        tried = []
+        for version, target in self.TARGETS:
+            r = cuda.cuModuleLoadData(ctypes.byref(mod), self.PTX.format(v=version, t=target).encode() + b"\0")
+            if r == 0:
+                break
+            tried.append(f"{target}: {self._name(cuda, r)}")
+        else:
+            raise RuntimeError(f"cuModuleLoadData: {'; '.join(tried)}")
+        self._check(cuda, cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"tilescale_empty"), "cuModuleGetFunction")
+        u, vp = ctypes.c_uint, ctypes.c_void_p
+        launch = cuda["cuLaunchKernel"]     # a function object of its own (argument types set here only)
+        launch.argtypes, launch.restype = [vp, u, u, u, u, u, u, u, vp, vp, vp], ctypes.c_int
+        self.cuda, self.module = cuda, mod
+        self.launch = functools.partial(launch, fn.value, 1, 1, 1, 32, 1, 1, 0, stream or None, None, None)
+        self._check(cuda, self.launch(), "cuLaunchKernel")
+
+    @staticmethod
+    def _name(cuda, code: int) -> str:
+        import ctypes
+
+        s = ctypes.c_char_p()
+        cuda.cuGetErrorName(code, ctypes.byref(s))
+        return f"{(s.value or b'?').decode()} ({code})"
+
+    def _check(self, cuda, code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what}: {self._name(cuda, code)}")
+
+
+def launch_floors(h: Host, ag, x, ref, rank: int) -> None:
+    """The floor rows under ag(x)'s (see the module docstring): its C entry point alone with ag(x)'s arguments, then
+    an empty kernel's cuLaunchKernel. Every rank measures a row or none does (a rank without it says why)."""
+    import torch
+
+    direct = ag._direct
+    if all(h.gather(direct is not None and x.is_contiguous() and x.data_ptr() % 16 == 0)):
+        fn, p, (out3d, arrived, counters), n, stream = direct[0], x.data_ptr(), ag._ptrs, ag.n, ag._stream()
+        if fn(p, out3d, arrived, counters, n, stream):
+            raise RuntimeError(f"AllGather's entry point failed: {direct[1]().decode(errors='replace')}")
+        h.measure(ROW_ENTRY, lambda: fn(p, out3d, arrived, counters, n, stream), kind="floor")
+        torch.cuda.synchronize()
+        ag.calls = int(ag.counters[0].item())   # the entry point's launches were calls of ag, counted on the device
+        _check("AllGather op after its entry point's launches", ag(x), ref, rank, exact=True)
+    else:
+        print(f"[rank {rank}] {ROW_ENTRY}: skipped (on some rank the op launches through tilelang: "
+              f"launch_path={ag.launch_path})")
+    empty, why = None, ""
+    try:
+        empty = EmptyKernel(ag._stream())
+    except Exception as e:  # noqa: BLE001  (a row of its own: the others go on)
+        why = f"{type(e).__name__}: {e}"
+    if all(h.gather(empty is not None)):
+        launch = empty.launch
+        h.measure(ROW_EMPTY, lambda: launch(), kind="floor")
+        torch.cuda.synchronize()
+    else:
+        print(f"[rank {rank}] {ROW_EMPTY}: skipped ({why or 'failed on another rank'})")
+
+
 def _check(name, got, ref, rank, *, exact=False, rel=None, W=1):
     import torch
 
@@ -188,7 +308,8 @@ def collectives(info, h: Host, coll, nccl: bool) -> None:
     _check("all_gather_into_tensor", all_gather_into_tensor(out, x), ref, rank, exact=True)
     _check("all_gather", all_gather(x), ref, rank, exact=True)
     torch.cuda.synchronize()
-    h.measure("AllGather 1 MiB/rank: op ag(x)", lambda: ag(x), target=TARGET_AG_US)
+    h.measure(ROW_AG, lambda: ag(x), target=TARGET_AG_US)
+    launch_floors(h, ag, x, ref, rank)
     h.measure("AllGather 1 MiB/rank: all_gather_into_tensor(out, x)", lambda: all_gather_into_tensor(out, x))
     h.measure("AllGather 1 MiB/rank: all_gather(x)", lambda: all_gather(x))
     h.measure("AllGather 1 MiB/rank: tilescale.ops.all_gather_into_tensor(out, x), looked up each call",
@@ -373,7 +494,7 @@ def run(info, args):
     def empty():
         pass
 
-    h.measure("floor: a call of an empty Python function", empty, kind="floor")
+    h.measure(ROW_PYTHON, empty, kind="floor")
     collectives(info, h, coll, nccl)
     g = graph_replays(info, h, coll, args.replays)
     if not args.no_fused:
@@ -385,7 +506,7 @@ def run(info, args):
         print_table(f"Host time per eager call (us, the rank of the largest median), {W} rank(s), {env['gpu']}; "
                     f"{args.calls} calls in batches of {args.batch} ({args.fused_calls} in batches of "
                     f"{args.fused_batch} for the fused ops)", HEADER, table_rows(h.rows))
-        for line in summary_lines(h.rows) + [replay_line(g)]:
+        for line in summary_lines(h.rows) + floor_lines(h.rows) + [replay_line(g)]:
             print(line)
         if g["status"] != "MET":
             for r, m in enumerate(g["per_rank"]):
@@ -393,7 +514,8 @@ def run(info, args):
                       f"eager calls: {m['eager_top']}")
         write_json(args.json, dict(op="host", env=env, shared_gpu=info.shared_gpu, nccl=nccl,
                                    calls=args.calls, batch=args.batch, fused_calls=args.fused_calls,
-                                   fused_batch=args.fused_batch, growth_limit=GROWTH_LIMIT, rows=h.rows, graph=g))
+                                   fused_batch=args.fused_batch, growth_limit=GROWTH_LIMIT, rows=h.rows, graph=g,
+                                   floor=floor_summary(h.rows)))
     print(f"[rank {rank}] OK: host benchmark done", flush=True)
 
 

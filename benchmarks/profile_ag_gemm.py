@@ -13,7 +13,8 @@
   DIR/profile_ag_gemm.json  the summary below and the overheads
 
 Overheads (microseconds per call, slowest rank, median over rounds that alternate off and on):
-  host events   1 MiB AllGather, a session recording its call + launch events vs none (target <= 2 %)
+  host events   1 MiB AllGather, a session recording its call + launch events vs none (target <= 2 %;
+                at least 9 rounds of 50 calls each way)
   timestamps    the AG+GEMM kernel built with in-kernel timestamps vs without, every chunk already
                 arrived, so only the instrumentation differs; launched alternately, each launch timed
                 (target <= 5 %; the JSON also keeps the two timed in separate batches)
@@ -38,6 +39,7 @@ from tilescale import testing  # noqa: E402
 TARGET_HOST = 0.02
 TARGET_KERNEL = 0.05
 AG_BYTES = 1 << 20
+AG_ROUNDS, AG_ITERS = 9, 50   # host events: off/on rounds (at least), calls per timed batch
 
 
 # ------------------------------------------------------------------------------ reading a trace
@@ -341,9 +343,11 @@ def run(info, a) -> None:
 
     def ag_on():
         with tp.profile(None, mask="host", merge=False):
-            return time_op(lambda: ag(xg))
+            return time_op(lambda: ag(xg), iters=AG_ITERS)
 
-    ag_off_us, ag_on_us = _median_rounds(lambda: time_op(lambda: ag(xg)), ag_on, a.rounds)
+    # a 2 % target on ~10 us calls: more rounds and calls than the other rows (each round is ~1 ms of calls)
+    ag_off_us, ag_on_us = _median_rounds(lambda: time_op(lambda: ag(xg), iters=AG_ITERS), ag_on,
+                                         max(a.rounds, AG_ROUNDS))
     cpu_off = _cpu_us(lambda: ag(xg))
     with tp.profile(None, mask="host", merge=False):
         cpu_on = _cpu_us(lambda: ag(xg))

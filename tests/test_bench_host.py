@@ -202,3 +202,77 @@ def test_run_one_gpu_names_its_steps_and_refuses_others(tmp_path):
                        timeout=60, env={"PATH": "/usr/bin:/bin", "STEP_TIMEOUT": "1"})
     assert r.returncode == 2 and "unknown step 'nope' (expected sweep, modes, ws1, host, profile)" in r.stderr, r
     assert not (tmp_path / "out").exists()      # refused before "sweep" ran
+
+
+# ------------------------------------------------------------------------------- launch floors (issue 15)
+def test_floor_line_is_ag_above_its_entry_point_per_rank(bench):
+    rows = [dict(_row(bench.ROW_PYTHON, 0.1, kind="floor"), medians=[0.1, 0.1]),
+            dict(_row(bench.ROW_AG, 9.0, target=3.0), medians=[8.0, 9.0]),
+            dict(_row(bench.ROW_ENTRY, 6.5, kind="floor"), medians=[5.0, 6.5]),
+            dict(_row(bench.ROW_EMPTY, 4.0, kind="floor"), medians=[3.5, 4.0])]
+    assert bench.ROW_AG == "AllGather 1 MiB/rank: op ag(x)"          # the row of the target, named as before
+    f = bench.floor_summary(rows)
+    assert f == dict(python_us=3.0, ag_us=9.0, entry_us=6.5, empty_launch_us=4.0, python_call_us=0.1)  # rank 0: 8 - 5
+    [line] = bench.floor_lines(rows)
+    assert line.startswith("python overhead above the launch floor, ag(x): 3.00 us per call (ag(x) 9.00 us, its C "
+                           "entry point alone 6.50 us")
+    assert "cuLaunchKernel 4.00 us (the entry point above it: +2.50 us)" in line and "empty Python call) 0.10" in line
+    assert bench.floor_lines(rows[:2]) == [] and bench.floor_summary(rows[:2]) is None   # no entry row: no line
+    assert "empty_launch_us" not in bench.floor_summary(rows[1:3])
+    assert not any("floor" in ln for ln in bench.summary_lines(rows) if ln.startswith("host time does not grow"))
+
+
+def test_launch_floors_time_the_entry_point_alone_and_resync_the_op(bench, monkeypatch):
+    """launch_floors: the entry point timed with exactly ag(x)'s arguments (the x pointer, the op's buffers, n, the
+    stream), the op's host count set to the device's after (its result checked again), the empty kernel's row
+    skipped on every rank, saying why, when it cannot be loaded."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(bench.tilescale, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    checked = []
+    monkeypatch.setattr(bench, "_check", lambda name, got, ref, rank, **k: checked.append((name, got)))
+
+    def no_driver(stream):
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(bench, "EmptyKernel", no_driver)
+    launches = []
+    counters = torch.zeros(4, dtype=torch.int64)
+
+    def entry(*args):
+        launches.append(args)
+        counters.add_(1)          # the kernel counts its launches on the device
+        return 0
+
+    x = torch.zeros(64, dtype=torch.bfloat16)
+    op_calls = []
+
+    class Ag(types.SimpleNamespace):
+        def __call__(self, t):
+            op_calls.append(t)
+            return "result"
+
+    ag_fn = Ag(_direct=(entry, lambda: b""), _ptrs=(11, 22, 33), n=64, _stream=lambda: 7, counters=counters, calls=3,
+               launch_path="direct")
+    h = bench.Host(types.SimpleNamespace(world_size=1, rank=0), bench.parse_args(["--calls", "40", "--batch", "10"]))
+    monkeypatch.setattr(h, "gather", lambda v: [v])
+    bench.launch_floors(h, ag_fn, x, "ref", 0)
+    assert [r["op"] for r in h.rows] == [bench.ROW_ENTRY] and h.rows[0]["kind"] == "floor"
+    assert set(launches) == {(x.data_ptr(), 11, 22, 33, 64, 7)} and len(launches) == 1 + (2 + 4) * 10
+    assert ag_fn.calls == len(launches) and op_calls == [x] and checked == [
+        ("AllGather op after its entry point's launches", "result")]
+    # a rank whose op launches through tilelang: no entry row on any rank
+    h.rows.clear()
+    ag_fn._direct, ag_fn.launch_path = None, "tilelang"
+    bench.launch_floors(h, ag_fn, x, "ref", 0)
+    assert h.rows == []
+
+
+def test_empty_kernel_ptx_is_an_entry_without_parameters(bench):
+    for version, target in bench.EmptyKernel.TARGETS:
+        ptx = bench.EmptyKernel.PTX.format(v=version, t=target)
+        assert ptx.startswith(f".version {version}\n.target {target}\n.address_size 64\n")
+        assert ".visible .entry tilescale_empty()\n{\n\tret;\n}\n" in ptx

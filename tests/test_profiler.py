@@ -234,11 +234,48 @@ def fused_call(kernel, instrumented, rank: int = 0, world: int = 2, chunks: int 
         rec.launcher(kernel, instrumented=instrumented, tiles=4, end=True)(a, 1)
 
 
+AG_LAUNCHES: list = []   # the arguments of every launch of the AllGather of coll_call
+
+
+def fake_allgather():
+    """An AllGather of (512, 1024) bf16 shards (1 MiB) without GPU pieces (object.__new__, as
+    tests/test_graphs_cpu.py makes them): its real __call__, a direct launch that records its arguments."""
+    import torch
+
+    from tilescale.ops import allgather, checks
+
+    ag = object.__new__(allgather.AllGather)
+    ag.device, ag.captured = torch.device("cpu"), False
+    ag._check = checks.CallCheck("AllGather")
+    ag._agreed = ag._check.agreed
+    ag._stream = (7).__index__      # the current stream's handle, as torch's raw query gives it
+    ag._order = checks.StreamOrder(ag.device)
+    ag._order.handle = 7
+    ag.shape, ag.dtype, ag.n, ag.calls = (512, 1024), torch.bfloat16, 512 * 1024, 0
+    ag.buffers = (torch.zeros(512, 1024, dtype=torch.bfloat16), torch.zeros(512, 1024, dtype=torch.bfloat16))
+    ag._ptrs = (1 << 20, 2 << 20, 3 << 20)
+    ag._direct = (lambda *a: AG_LAUNCHES.append(a) or 0, None)
+    return ag
+
+
+_AG: list = []
+
+
 def coll_call():
-    """The profiling calls of AllGather.__call__."""
-    rec = profiling.call("AllGather", launch="allgather", bytes=1 << 20) if profiling.current is not None else None
-    if rec is not None:
-        rec.end()
+    """One call of AllGather.__call__ (the real one, on one op object made once: its signature agreed after the
+    first call, as in a run), not capturing."""
+    import torch
+
+    from tilescale.ops import base
+
+    if not _AG:
+        _AG.extend([fake_allgather(), torch.zeros(512, 1024, dtype=torch.bfloat16)])
+    ag, x = _AG
+    capturing, base._capturing = base._capturing, bool   # (no CUDA here: bool() is False)
+    try:
+        ag(x)
+    finally:
+        base._capturing = capturing
 
 
 def by_type(events):
@@ -441,22 +478,83 @@ def test_raw_records_become_the_events_a_live_profiler_gets(monkeypatch):
             assert p["start_ns"] < e["start_ns"] and e["end_ns"] < p["end_ns"], (p, e)
 
 
-def test_hot_path_only_appends(gpu):
+def test_hot_path_only_appends(gpu, monkeypatch):
     """While a session records, op calls reach no profiler method; everything arrives, in order, when the
-    session ends (RecordingProfiler.events() flushes first)."""
+    session ends (RecordingProfiler.events() flushes first). An AllGather call in a session of host events is
+    one extend of four ints after its launch (no OpCall, no profiler call, no object for the garbage collector)."""
+    def no_op_call(*a, **k):
+        raise AssertionError("OpCall made: the AllGather call did not take its one-append path")
+
+    monkeypatch.setattr(profiling, "OpCall", no_op_call)
     p = CountingProfiler()
     with tp.profile(None, mask="host", profiler=p, merge=False) as s:
         for _ in range(3):
+            n = len(AG_LAUNCHES)
             coll_call()
-        assert [c[0] for c in p.calls] == ["init"] and len(s.raw) == 6
-        assert all(type(r) is tuple for r in s.raw)
+            assert len(AG_LAUNCHES) == n + 1, "the call launched once"
+        assert [c[0] for c in p.calls] == ["init"] and len(s.raw) == 3 * 4
+        assert all(type(r) is int for r in s.raw) and s.raw[1::4] == [0, 0, 0]      # no group: parent 0
+        assert all(t0 <= t1 for t0, t1 in zip(s.raw[2::4], s.raw[3::4], strict=True))
     kinds = [c[0] for c in p.calls]
     assert kinds == ["init"] + ["start", "start", "state", "stop", "state", "stop"] * 3 + ["finalize"]
     rec = RecordingProfiler()
     with tp.profile(None, mask="host", profiler=rec, merge=False) as s:
         coll_call()
-        assert len(s.raw) == 2
+        assert len(s.raw) == 4
         assert [e["type"] for e in rec.events()] == ["COLL", "LAUNCH"] and not s.raw   # read: flushed
+
+
+def test_quick_call_records_become_the_events_a_live_profiler_gets(monkeypatch):
+    """AllGather's quick records (a session of host events: four ints) give the events that its general path (OpCall)
+    gives a live profiler: the same ids, parents (groups), types, names, tracks, args and states; the call spans its
+    LAUNCH (the same host times: the two clock reads around the launch), within its group, on the wall clock."""
+    def events(profiler, quick):
+        with tp.profile(None, mask="host", profiler=profiler, rank=0, world_size=2, merge=False) as s:
+            assert s.quick_coll is quick
+            with tp.group("step", i=3):
+                coll_call()
+                with tp.group("inner"):
+                    coll_call()
+                coll_call()
+            coll_call()
+        return s.profiler.events()
+
+    t0 = time.time_ns()
+    quick = events(RecordingProfiler(), True)
+    live = events(LiveRecorder(), False)
+    t1 = time.time_ns()
+
+    def shape(evs):
+        return [(e["id"], e["parent"], e["type"], e["name"], e["track"], e["args"], e["states"]) for e in evs]
+
+    assert len(quick) == 10 and shape(quick) == shape(live)
+    byid = {e["id"]: e for e in quick}
+    assert [byid[e["parent"]]["name"] if e["parent"] else None for e in quick if e["type"] == "COLL"] == [
+        "step", "inner", "step", None]
+    assert all(e["args"] == {"bytes": 1 << 20} for e in quick if e["type"] == "COLL")
+    for e in quick:
+        assert t0 <= e["start_ns"] <= e["end_ns"] <= t1, e
+        parent = byid.get(e["parent"])
+        if parent is not None:
+            assert parent["start_ns"] <= e["start_ns"] and e["end_ns"] <= parent["end_ns"], (parent, e)
+        if e["type"] == "LAUNCH":
+            assert (e["start_ns"], e["end_ns"]) == (parent["start_ns"], parent["end_ns"]), (parent, e)
+
+
+def test_allgather_takes_the_general_path_when_more_is_recorded(gpu, monkeypatch):
+    """Not one append: a session timing kernels with CUDA events (KERNEL: around the launch), a live profiler, the
+    first call of a run (TILESCALE_PROFILE not read yet); a session without COLL records nothing of it."""
+    with tp.profile(None, mask="coll,launch,kernel", clock=gpu.clock(), merge=False) as s:
+        assert not s.quick_coll
+        coll_call()
+        assert all(type(r) is tuple for r in s.raw) and len(s.pending) == 1   # OpCall's records; CUDA events
+    assert [e["type"] for e in s.profiler.events()] == ["COLL", "LAUNCH", "KERNEL"]
+    with tp.profile(None, mask="fused,group", merge=False) as s:
+        assert not s.quick_coll
+        n = len(AG_LAUNCHES)
+        coll_call()
+        assert len(AG_LAUNCHES) == n + 1 and not s.raw
+    assert s.profiler.events() == []
 
 
 # ----------------------------------------------------------------------------- user profilers

@@ -57,6 +57,7 @@ eager call, the result is taken by the device's parity, on the stream and withou
 static output); ``ag.out`` and ``ag.next_out`` then raise, and `out` must not be one of the slots. Before any
 capture, the host's count equals the device's and ``ag(x)`` returns the slot itself (no copy).
 """
+import functools
 import math
 
 from tilelang import tvm
@@ -65,8 +66,9 @@ import tilescale
 import tilescale.language as T
 
 from ..profiler import session as profiling
+from ..profiler.session import now as _now
 from . import allgather_hierarchical as hier
-from . import checks, op_cache, registry
+from . import base, checks, op_cache, registry
 from .base import DoubleBuffered
 from .vectors import COUNTER, SIGNAL
 
@@ -177,16 +179,60 @@ class AllGather(DoubleBuffered):
                                 device=self.device, what="world_size x the shard")
 
     def __call__(self, x, out=None):
-        stream = self.begin(x, out)
+        # Op.begin, inline for the common call (issue 15: host time): not capturing a CUDA graph, no `out`, and the
+        # signature of `x` agreed before (the key is Op.call_key's); the stream order as in Op.begin. Anything else,
+        # or an `x` whose key cannot be read, takes Op.begin itself. The capture query is skipped on torch's default
+        # stream, the legacy NULL stream (handle 0): CUDA refuses to begin a capture there (and torch.cuda.graph
+        # refuses the default stream), so it is never capturing.
+        try:
+            fast = out is None and (type(x), x.dtype, x.shape, x.device, None) in self._agreed
+        except Exception:  # noqa: BLE001  (not a tensor: Op.begin's checks say what is wrong)
+            fast = False
+        if fast:
+            stream = self._stream()
+            if stream and base._capturing():
+                stream = self.begin(x, out)
+            elif stream != self._order.handle:
+                self._order.switch(stream)
+        else:
+            stream = self.begin(x, out)
         p = x.data_ptr()
         if p & 15 or not x.is_contiguous():
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
             p = x.data_ptr()
-        rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes) if profiling.current is not None else None
+        prof = profiling.current
+        if prof is not None:
+            if not prof.quick_coll:     # not decided yet, or a session recording more than host events: OpCall
+                return self._call_recorded(x, p, stream, out)
+            t0 = _now()                 # the call and its LAUNCH: four ints, extended below
         direct = self._direct
         if direct is not None:   # Op.launch_direct, inline
-            if direct[0](p, *self._ptrs, self.n, stream):
+            out3d, arrived, counters = self._ptrs
+            if direct[0](p, out3d, arrived, counters, self.n, stream):
                 raise self.launch_error()
+        else:
+            self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
+        if prof is not None:
+            prof.raw.extend((self._record, prof.top, t0, _now()))
+        if out is None and not self.captured:   # DoubleBuffered.slot_result, inline: the slot of the host's count
+            s = self.calls
+            self.calls = s + 1
+            return self.buffers[s & 1]
+        return self.slot_result(out)
+
+    @functools.cached_property
+    def _record(self) -> int:
+        """The constant part of this op's profiler records (a COLL call with its LAUNCH), registered at the first
+        profiled call and kept (``profiling.call_record``)."""
+        return profiling.call_record("coll", "AllGather", "allgather", bytes=self.n * self.buffers[0].itemsize)
+
+    def _call_recorded(self, x, p, stream, out):
+        """The launch and result of a call, recorded through the profiler's general path (OpCall): in a session that
+        is not ``quick_coll`` (KERNEL timed by CUDA events, a live profiler, COLL masked off), or at the first call of
+        a run, which decides on TILESCALE_PROFILE."""
+        rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes)
+        if self._direct is not None:
+            self.launch_direct(p, *self._ptrs, self.n, stream)
         else:
             self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
         if rec is not None:  # tilescale.profiler: the call and its launch end here

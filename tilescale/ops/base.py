@@ -17,7 +17,9 @@ layout); the steps around them are written once, here:
    ``T.call_number``, their buffers double-buffered by its parity; AG+GEMM's flags are set and reset on the
    device), so calls may be captured in a CUDA graph (:mod:`.capture`: no stream-order change during
    capture; the ops whose result is one of two output slots, :class:`DoubleBuffered`, then return it by the
-   device's parity); an op that is not (``GRAPH_SAFE = False``, the default of a new op) refuses capture;
+   device's parity); an op that is not (``GRAPH_SAFE = False``, the default of a new op) refuses capture.
+   AllGather runs these steps inline for its common call (not capturing, no ``out``, a signature agreed before:
+   issue 15's host time), and :meth:`Op.begin` itself for every other;
 4. the launch: :meth:`Op.launch_direct` with raw pointers when the tensors are as the kernel wants them
    (one ctypes call), else the checked ``kernel.launch`` on staged copies (:meth:`Op.scratch`: padded
    scratch tensors owned by the op).
@@ -288,8 +290,19 @@ class DoubleBuffered(Op):
         return out
 
 
-def _capturing() -> bool:
-    """Whether the current stream is capturing a CUDA graph (one C call, ~0.1 us, once CUDA is initialised)."""
+def _first_capture_query() -> bool:
+    """Whether the current stream is capturing a CUDA graph (one C call, ~0.1 us, once CUDA is initialised).
+    This is ``_capturing`` until its first call, which replaces this module's ``_capturing`` by torch's C function
+    itself, so that the ops' calls (``_capturing()`` in :meth:`Op.begin`, ``base._capturing()`` in AllGather's)
+    run no Python frame and no import for it. A ``_capturing`` put in its place (tests, benchmarks) is left as it
+    is (a module that imported this function by name calls it every time and gets the same answer)."""
+    global _capturing
     import torch
 
-    return torch._C._cuda_isCurrentStreamCapturing()
+    query = torch._C._cuda_isCurrentStreamCapturing
+    if _capturing is _first_capture_query:
+        _capturing = query
+    return query()
+
+
+_capturing = _first_capture_query

@@ -9,6 +9,18 @@ Ops guard every use with one check, so that a run without profiling pays one att
 (not None), so the first op call lands in :func:`call`, which reads ``TILESCALE_PROFILE`` once and
 either starts a session for the whole run or sets ``current = None``.
 
+An op that launches one kernel per call and has nothing else to record (AllGather) may record its call with one
+``extend`` of four ints instead (no object kept but the ints: nothing for Python's garbage collector to track)::
+
+    s = profiling.current
+    if s is not None and s.quick_coll:  # a session recording COLL calls as host events only
+        t0 = profiling.now()
+        <launch>
+        s.raw.extend((record, s.top, t0, profiling.now()))
+    else:                               # not profiling, not decided yet, or more to record: call() / OpCall
+
+where ``record = profiling.call_record("coll", "AllGather", "allgather", bytes=n)`` is made once per op.
+
 The hot path appends raw tuples. A session hands out its own event handles (ints); every start, stop and
 state change is one tuple appended to ``Session.raw`` (host times from ``time.perf_counter_ns``), and the
 profiler receives them, in order and with their times mapped to ``time.time_ns``, when the session ends
@@ -44,10 +56,18 @@ _NO_ARGS: dict = {}
 # and, for an op call and its LAUNCH (OpCall: one append at its start, one at its end):
 #   (_START2, call id, type bit, name, parent id | None, perf_counter_ns, args, launch id, launch name, perf_ns)
 #   (_STOP2, launch id, perf_counter_ns, call id, perf_counter_ns)
+# and, for a whole op call and its LAUNCH, four ints (not a tuple) extended when the call ends (a session that is
+# ``quick_coll``; see the module docstring):
+#   record (an index into _CALL_RECORDS: call_record), parent group id | 0, perf_counter_ns, perf_counter_ns
+# (no handle: nothing else refers to the call; the LAUNCH spans the call when the mask has LAUNCH)
 _START, _START_AT, _START2, _STOP, _STOP_AT, _STOP2, _STATE = range(7)
+now = _now   # for the ops' quick call records (see the module docstring)
+_CALL_RECORDS: list[tuple] = []   # (type bit, name, args, launch name | None) of call_record's index
 
 
 class _Unset:
+    quick_coll = False   # the ops' one-append path is never taken before the decision (call() makes it)
+
     def __repr__(self) -> str:
         return "<not decided: TILESCALE_PROFILE is read at the first op call>"
 
@@ -141,6 +161,11 @@ class Session:
         self._clock0 = _perf_to_wall()       # (perf_counter_ns, time_ns - perf_counter_ns) at the start
         self.context.flush = self.flush
         self.groups: list = []
+        self.top = 0                  # the innermost open group's handle (groups[-1]), 0 outside any group (ids >= 1)
+        # quick_coll: a collective's call (COLL on) may be recorded by four ints when it ends (host events only). Not
+        # when the kernel's span is timed by CUDA events (KERNEL: recorded around the launch), nor for a live
+        # profiler (it sees a call start as it happens): those calls take OpCall (call())
+        self.quick_coll = bool(self.bits & _COLL) and not self.bits & _KERNEL and not self.live
         self.pending: list = []       # DeviceRecord / CopyRecord, decoded in stop()
         self.streams: dict[int, str] = {}
         self.closed = False
@@ -204,7 +229,21 @@ class Session:
 
         p, hs, rank = self.profiler, self._handles, self.rank
         end = EventState.END
-        for r in records:
+        it = iter(records)
+        for r in it:
+            if type(r) is int:   # a quick call: record index, parent group id | 0, start, end (perf_counter_ns)
+                parent, t0, t1 = next(it), next(it), next(it)
+                bit, name, args, launch = _CALL_RECORDS[r]
+                pc = p.start_event(EventDescr(_TYPES[bit], name, hs[parent] if parent else None, rank, "host",
+                                              wall(t0), dict(args)))
+                t1 = wall(t1)
+                if launch is not None and self.bits & _LAUNCH:
+                    pl = p.start_event(EventDescr(EventType.LAUNCH, launch, pc, rank, "host", wall(t0), {}))
+                    p.record_event_state(pl, end, {"end_ns": t1})
+                    p.stop_event(pl)
+                p.record_event_state(pc, end, {"end_ns": t1})
+                p.stop_event(pc)
+                continue
             kind = r[0]
             if kind == _START or kind == _START_AT:
                 _, h, bit, name, parent, track, t, args = r
@@ -464,6 +503,16 @@ def call(name: str, kind: str = "coll", *, launch: str | None = None, **args) ->
     return OpCall(s, name, bit, args, launch)
 
 
+def call_record(kind: str, name: str, launch: str | None = None, **args) -> int:
+    """The constant part of an op's quick call records (see the module docstring), registered for the process: a
+    collective (`kind` "coll") or fused-op ("fused") call `name` with attributes `args`, and its `launch` (a kernel
+    name: a LAUNCH event spanning the call) or None. Returns its index, the first of the four ints; an op makes it
+    once (every session reads the same table)."""
+    with _lock:
+        _CALL_RECORDS.append((_FUSED if kind == "fused" else _COLL, name, dict(args), launch))
+        return len(_CALL_RECORDS) - 1
+
+
 def _from_env():
     """First op call of the process: start a session if TILESCALE_PROFILE=1, else profiling is off."""
     global current
@@ -567,12 +616,14 @@ def group(name: str, **args) -> Iterator[Any]:
     if not isinstance(s, Session) or not s.mask & EventType.GROUP:
         yield None
         return
-    h = s.start(EventType.GROUP, name, s.groups[-1] if s.groups else None, **args)
+    h = s.start(EventType.GROUP, name, s.top or None, **args)
     s.groups.append(h)
+    s.top = h
     try:
         yield h
     finally:
         s.groups.pop()
+        s.top = s.groups[-1] if s.groups else 0
         s.stop(h)
 
 
