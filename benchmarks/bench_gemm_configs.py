@@ -33,6 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from timing import round_us  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
@@ -192,19 +195,6 @@ def compile_all(builds, workers: int, build_only: bool):
     return kernels, errors
 
 
-def time_round(fn, iters: int) -> float:
-    """Microseconds per call over `iters` back-to-back calls between CUDA events."""
-    import torch
-
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) * 1e3 / iters
-
-
 def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, float, dict]:
     """(us per candidate key, cuBLAS us, notes) for one GEMM shape."""
     import torch
@@ -237,12 +227,12 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
     for fn in fns.values():   # warm-up
         fn()
     torch.cuda.synchronize()
-    t_one = time_round(fns["cublas"], 3)
+    t_one = round_us(fns["cublas"], 3)
     iters = max(3, min(50, math.ceil(target_us / max(t_one, 1.0))))
     rounds = {key: [] for key in fns}
     for _ in range(reps):
         for key, fn in fns.items():
-            rounds[key].append(time_round(fn, iters))
+            rounds[key].append(round_us(fn, iters))
     us = {key: statistics.median(v) for key, v in rounds.items()}
     cublas = us.pop("cublas")
     return us, cublas, notes

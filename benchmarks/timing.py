@@ -10,29 +10,20 @@ import time
 def time_op(fn, warmup: int = 5, iters: int = 20, repeats: int = 3) -> float:
     """Microseconds per call of `fn` (median over repeats of the mean over `iters`), max over ranks.
     Ranks start each repeat together (a barrier) so that skew does not count."""
+    return time_ops({"fn": fn}, warmup, iters, repeats)["fn"]
+
+
+def round_us(fn, iters: int) -> float:
+    """Microseconds per call over `iters` back-to-back calls of `fn` between CUDA events (this rank)."""
     import torch
 
-    from tilescale import staged_collectives
-
-    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
-
-    for _ in range(warmup):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
         fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(repeats):
-        dist.barrier()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) * 1e3 / iters)
-    t = torch.tensor([statistics.median(res)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / iters
 
 
 def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> dict:
@@ -45,7 +36,7 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
 
     from tilescale import staged_collectives
 
-    dist = staged_collectives.for_cuda()
+    dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -53,15 +44,9 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
     res = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            dist.barrier()
+            dist.barrier()      # ranks start each round together, so that skew does not count
             torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(iters):
-                fn()
-            e.record()
-            e.synchronize()
-            res[name].append(s.elapsed_time(e) * 1e3 / iters)
+            res[name].append(round_us(fn, iters))
     t = torch.tensor([statistics.median(v) for v in res.values()], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return dict(zip(res, t.tolist(), strict=True))
