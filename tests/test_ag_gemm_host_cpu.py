@@ -315,6 +315,19 @@ def test_world_size_one_is_the_gemm_alone_on_a_local(fake_cuda, contiguous):
     assert op.gathered() is a
 
 
+def test_world_size_one_copies_a_misaligned_a_local(fake_cuda):
+    """A contiguous a_local that is not 16-byte aligned (TMA's rule) is copied into an aligned tensor: contiguous()
+    alone would hand the kernel the misaligned one."""
+    log = fake_cuda
+    op = _ag_gemm(log, 1, 0, {0})
+    _, b, c = _args(op)
+    a = torch.ones(op.rows * op.K + 1, dtype=torch.float16)[1:].view(op.rows, op.K)
+    assert a.is_contiguous() and a.data_ptr() & 15
+    op(a, b, out=c)
+    [gemm] = log.ops
+    assert gemm[2] != a.data_ptr() and not gemm[2] & 15
+
+
 def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_cuda):
     log = fake_cuda
     op = _ag_gemm(log, 3, 0, {0, 1, 2}, direct=False)

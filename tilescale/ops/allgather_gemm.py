@@ -255,9 +255,9 @@ class AGGemm(Op):
         add(so.EVENT_RECORD, events["start"])
         add(so.EVENT_WAIT, events["start"], stream=local)
         head = local_steps(local)
-        self._local, ops = ops, []
+        on_local, ops = ops, []
         head_main = local_steps(0)                     # the same on the main stream (a_local copied by torch)
-        self._local_head, self._local_tail, ops = ops[:head_main], ops[head_main + 1:], []
+        local_head, local_tail, ops = ops[:head_main], ops[head_main + 1:], []
         add(so.EVENT_WAIT, events["copied"])                                                   # 3
         for q in peers:
             add(so.WAIT_GEQ, self._ready_here[q], 1)
@@ -286,8 +286,7 @@ class AGGemm(Op):
                 p.add(kind, a, b, n, stream=stream, pe=pe)
             return p.seal()
 
-        self._local, self._local_head, self._local_tail = (program(self._local), program(self._local_head),
-                                                           program(self._local_tail))
+        self._local, self._local_head, self._local_tail = program(on_local), program(local_head), program(local_tail)
         self._pre, self._post = program(pre), program(post)
         self._copy_at = head
         self._a_local_op = self._local.array[head]     # a view into the program: its source is set per call
@@ -343,10 +342,6 @@ class AGGemm(Op):
         elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), m):
             raise self.launch_error(direct)
 
-    def launch_error(self, direct=None) -> RuntimeError:
-        direct = direct or self._direct_own
-        return RuntimeError(f"{self.KERNEL} kernel launch failed: {direct[1]().decode(errors='replace')}")
-
     def __call__(self, a_local, b, out=None):
         m = self.begin(a_local, b, out)
         if profiling.current is not None:
@@ -359,8 +354,7 @@ class AGGemm(Op):
             out = torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
         if self.world_size == 1:                        # 1 alone: nothing to gather
             self._last_a = a_local
-            a = a_local if a_local.is_contiguous() and not a_local.data_ptr() & 15 else a_local.contiguous()
-            self._gemm_own(a, b, out, m)
+            self._gemm_own(_tma_ready(a_local), b, out, m)
             return out
         fn = self._stream_ops
         if fn is None:     # a shim without ts_stream_ops
@@ -400,7 +394,7 @@ class AGGemm(Op):
         prof = self.kernels_prof or [None, None]
         if W == 1:                                                           # 1 alone
             self._last_a = a_local
-            gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else a_local.contiguous(), b, c), True)
+            gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c), True)
             return c
         a_full = self.a_full
         peers = [(r + j) % W for j in range(1, W)]
@@ -450,6 +444,14 @@ class AGGemm(Op):
             main.wait_event(self._joins[j])
         self.arrived.zero_()
         return c
+
+
+def _tma_ready(a):
+    """`a` itself when TMA can load it (contiguous, 16-byte aligned), else a copy that is (a new allocation is
+    aligned; ``contiguous()`` alone would return a misaligned contiguous tensor as it is)."""
+    if a.is_contiguous():
+        return a if not a.data_ptr() & 15 else a.clone()
+    return a.contiguous()
 
 
 @op_cache.cached(16, close_evicted=False)

@@ -156,9 +156,11 @@ class Op:
         if self._direct[0](*args) != 0:
             raise self.launch_error()
 
-    def launch_error(self) -> RuntimeError:
-        """The error of a failed direct launch (the kernel library's last error)."""
-        return RuntimeError(f"{self.KERNEL} kernel launch failed: {self._direct[1]().decode(errors='replace')}")
+    def launch_error(self, direct=None) -> RuntimeError:
+        """The error of a failed direct launch (the kernel library's last error); `direct`: the entry point that
+        failed, when the op has more than ``self._direct``."""
+        err = (direct or self._direct)[1]
+        return RuntimeError(f"{self.KERNEL} kernel launch failed: {err().decode(errors='replace')}")
 
     def scratch(self, name: str, shape, *, zero: bool = False):
         """A tensor of this op's dtype on this GPU, made on first use and kept (staging of arguments the
