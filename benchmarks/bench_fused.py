@@ -138,14 +138,12 @@ def run_gemm_rs(info, shapes, dtype, quick):
         if not err < 2e-2:
             raise AssertionError(f"[rank {rank}] gemm_rs {M}x{K}x{N}: relative error {err:.3g} vs NCCL")
         it = 5 if quick else 20
-        scratch = torch.zeros_like(op.done)      # the GEMM alone: its counts go to scratch words
-        scratch_calls = torch.zeros_like(op.gemm_counters)
         fns = dict(
             nccl=lambda: dist.reduce_scatter_tensor(ref, partial),
             cublas=lambda: torch.matmul(x, w, out=partial),
             nccl_cublas=lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
             tilescale=lambda: op(x, w, out=out),
-            ts_gemm=lambda: op.gemm(x, w, op.P, scratch, scratch_calls),
+            ts_gemm=_gemm_alone(op, x, w),
         )
         if mm_rs is not None and _works("mm_rs", lambda: mm_rs(x, w, "sum", 0, group)):
             fns["async_tp"] = lambda: mm_rs(x, w, "sum", 0, group)
@@ -153,6 +151,24 @@ def run_gemm_rs(info, shapes, dtype, quick):
         rows.append(dict(op="gemm_rs", M=M, K=K, N=N, **t))
         op.close()
     return rows
+
+
+def _gemm_alone(op, x, w):
+    """A call of GemmRS's GEMM without its communication, on this rank's GPU: the pull path's GEMM with its counts
+    in scratch words; the push path's kernel as rank 0 of W runs it with its pushes into this GPU's memory
+    (``gemm_rs_push_loopback_kernel``; at world size 1 the same work as the op)."""
+    import torch
+
+    from tilescale.ops.gemm_reduce_scatter import MAX_PUSH_RANKS, gemm_rs_push_loopback_kernel
+
+    if op.path == "pull":
+        scratch, calls = torch.zeros_like(op.done), torch.zeros_like(op.gemm_counters)
+        return lambda: op.gemm(x, w, op.P, scratch, calls)
+    k = gemm_rs_push_loopback_kernel(*op.gemm_args)
+    R, arrived = torch.zeros_like(op.R), torch.zeros_like(op.arrived)
+    args = (x, w, torch.empty(op.M // op.world_size, op.N, dtype=op.dtype, device=x.device), R, arrived,
+            torch.zeros_like(op.gemm_counters), *[R] * (MAX_PUSH_RANKS - 1), *[arrived] * (MAX_PUSH_RANKS - 1))
+    return lambda: k(*args)
 
 
 def report(rows, W, title):
@@ -190,7 +206,10 @@ def run(info, args):
     if args.op in ("ag_gemm", "both"):
         jobs += prebuild.ag_gemm_jobs(AG_SHAPES[:args.max_shapes], W, args.dtype)
     if args.op in ("gemm_rs", "both"):
-        jobs += prebuild.gemm_rs_jobs(RS_SHAPES[:args.max_shapes], W, args.dtype)
+        from tilescale.ops.gemm_reduce_scatter import gemm_rs_push_kernel, gemm_rs_push_loopback_kernel
+
+        rs = prebuild.gemm_rs_jobs(RS_SHAPES[:args.max_shapes], W, args.dtype)
+        jobs += rs + [(gemm_rs_push_loopback_kernel, a) for fn, a in rs if fn is gemm_rs_push_kernel]  # _gemm_alone
     prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
     all_rows = []
     if args.op in ("ag_gemm", "both"):

@@ -5,6 +5,7 @@
     python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
     GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --persistent   # GEMM+RS's GEMM: a persistent kernel too
+    GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --push         # GEMM+RS's push kernel, per shape and W
 
 The kernel is the fused ops' tile loop (tilescale/ops/gemm.py) without waits or counts: TMA loads
 of A and B tiles in a `stages`-deep pipeline, wgmma, the C tile through shared memory to global with a TMA
@@ -285,6 +286,85 @@ def run_persistent(args) -> None:
         print(f"skipped (did not build): {_cfg_of(key).short()} {key[6]}: {err[:200]}")
 
 
+def run_push(args) -> None:
+    """--push: GEMM+RS's one kernel (its push path, tilescale/ops/gemm_reduce_scatter.py) as rank 0 of W runs it,
+    on this GPU alone (``gemm_rs_push_loopback_kernel``: its pushes go into its own memory, counted in its own
+    words, where its own tiles wait for them and add them), with the op's config of each (shape, W) and with the
+    pull path's tuned one; vs cuBLAS, the pull path's GEMM ("signal") and the plain tile loop ("tma"), timed in
+    turns in the same run; 3 back-to-back calls checked first. What it cannot show: NVLink's latency and
+    bandwidth (the stores go to this GPU's memory)."""
+    import torch
+
+    from tilescale.ops import gemm_reduce_scatter as grs
+    from tilescale.ops.gemm import gemm_config
+    from tilescale.ops.prebuild import compile_all as compile_jobs
+
+    probs = [(W, (M, N, K)) for op, W, (M, N, K) in problems() if op == "gemm_rs"]
+    cfgs = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs") for p in probs}        # the pull path's GEMM's
+    ops = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs_push") for p in probs}    # the push kernel's
+    pushed = {p: list(dict.fromkeys([ops[p], c])) for p, c in cfgs.items()}             # the op's first
+    jobs = {(p, c): (grs.gemm_rs_push_loopback_kernel, (p[1][0], p[1][1], p[1][2], p[0], "bfloat16", c.block_m,
+                                                        c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
+            for p, cs in pushed.items() for c in cs}
+    compile_jobs(list(jobs.values()), args.workers)
+    tiles, _ = compile_all(sorted({(c, e) for c in cfgs.values() for e in ("tma", "signal")}, key=str), args.workers,
+                           build_only=False)
+    rows, out = [], []
+    for (W, (M, N, K)), cfg in cfgs.items():
+        g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K + W)
+        X = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
+        rows_w = M // W
+        want = (X.view(W, rows_w, K).float() @ B.float()).sum(0)   # rank 0's rows + what it pushed for the others
+        Cf = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        done = torch.zeros(M // cfg.block_m, device="cuda", dtype=torch.uint64)
+        fns, errs = {"cublas": lambda: torch.matmul(X, B, out=Cf)}, {}
+        for c in pushed[(W, (M, N, K))]:
+            fn, fargs = jobs[((W, (M, N, K)), c)]
+            push = fn(*fargs)
+            C = torch.full((rows_w, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            R = torch.zeros(2 * max(W - 1, 1) * rows_w, N, device="cuda", dtype=torch.bfloat16)
+            arrived = torch.zeros(rows_w // c.block_m * (N // c.block_n), device="cuda", dtype=torch.uint64)
+            counters = torch.zeros((M // c.block_m) * (N // c.block_n), device="cuda", dtype=torch.int64)
+            a = (X, B, C, R, arrived, counters, *[R] * 7, *[arrived] * 7)
+            for _ in range(3):          # back-to-back calls: both halves of R, the counts of calls 1-3
+                C.fill_(float("nan"))
+                push(*a)
+            torch.cuda.synchronize()
+            errs[c.short()] = err = ((C.float() - want).abs().max() / want.abs().max()).item()
+            if not err < 2e-2:
+                raise AssertionError(f"push W={W} {M}x{N}x{K} {c.short()}: relative max error {err:.3g}")
+            fns["push" if c == ops[(W, (M, N, K))] else "push pull-tuned"] = (lambda push=push, a=a: push(*a))
+        for e in ("signal", "tma"):
+            k = tiles.get(kernel_key(cfg, e))
+            if k is not None:
+                fns[e] = (lambda k=k: k(X, B, Cf, done))
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        iters = max(3, min(50, math.ceil(args.target_us / max(round_us(fns["cublas"], 3), 1.0))))
+        times = {k: [] for k in fns}
+        for _ in range(args.reps):
+            for k, f in fns.items():
+                times[k].append(round_us(f, iters))
+        us = {k: statistics.median(v) for k, v in times.items()}
+        ratio = {k: f"{us['cublas'] / v:.2f}" for k, v in us.items()}
+        rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(), cfg.short(),
+                     f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}", ratio["push"],
+                     ratio.get("push pull-tuned", "-"), ratio.get("signal", "-"), ratio.get("tma", "-")])
+        out.append(dict(world_size=W, M=M, N=N, K=K, config=ops[(W, (M, N, K))].to_dict(), pull_config=cfg.to_dict(),
+                        us=us, err=errs))
+        print(f"  W={W} {M}x{N}x{K}: {us}", flush=True)
+    print_table(f"GEMM+RS's GEMM, bf16, one {torch.cuda.get_device_name()}: the push kernel (loopback) vs cuBLAS "
+                "(ratio = cuBLAS time / ours; push: the op's config; push pull-tuned, signal (the pull path's GEMM) "
+                "and tma (the tile loop alone): the pull path's tuned config)",
+                ["W", "MxNxK (per rank)", "op's config", "pull's config", "cuBLAS TFLOP/s", "push", "push pull-tuned",
+                 "signal", "tma"], rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=out), f, indent=1)
+
+
 def _cfg_of(key) -> GemmConfig:
     return GemmConfig(*key[:6])
 
@@ -379,6 +459,8 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 2), help="parallel builds")
     ap.add_argument("--persistent", action="store_true", help="GEMM+RS's GEMM: its configs vs a persistent kernel "
                     "that counts each tile once the next one's store is issued (a table; no JSON, no tuning)")
+    ap.add_argument("--push", action="store_true", help="GEMM+RS's push kernel per (shape, W) with its tuned config, "
+                    "on this GPU alone (loopback), vs cuBLAS and the pull path's GEMM (a table; --json: the timings)")
     ap.add_argument("--dry-run", action="store_true", help="list the candidates; no GPU, no build")
     ap.add_argument("--compile-check", action="store_true", help="build candidates for sm_90a (no GPU needed)")
     ap.add_argument("--only", help="with --compile-check: indices (as --dry-run lists them), e.g. 0,5,9")
@@ -420,7 +502,7 @@ def main(argv=None) -> None:
     tilescale.init_distributed()
     try:
         if runtime.current().info.rank == 0:   # with GPUS > 1: one process does the work
-            (run_persistent if args.persistent else run)(args)
+            (run_persistent if args.persistent else run_push if args.push else run)(args)
     finally:
         tilescale.finalize()
 

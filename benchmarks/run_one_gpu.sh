@@ -7,6 +7,8 @@
 #            per tile config vs cuBLAS, every per-rank shape at W = 2, 4, 8 -> OUTDIR/gemm_configs.json, and the
 #            tuning table made from it -> OUTDIR/gemm_tuning.json (INSTALL_TUNING=1: also copied to
 #            tilescale/ops/gemm_tuning.json, so the steps after it run the tuned configs)
+#   push     bench_gemm_configs.py --push: GEMM+RS's push kernel (rank 0's work of W, on this GPU alone) with its
+#            tuned config per shape and W vs cuBLAS and the pull path's GEMM -> OUTDIR/gemm_rs_push.json
 #   modes    bench_build_modes.py: plain tilelang vs @tilescale.jit, inlined and rdc build modes, cuBLAS
 #   ws1      bench_fused.py at world size 1: each fused op vs cuBLAS alone (the yardstick: <= 1.03)
 #   host     bench_host.py at world size 1: host us per call
@@ -17,11 +19,11 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:?usage: run_one_gpu.sh OUTDIR [STEPS]}
-STEPS=${2:-sweep,modes,ws1,host,profile}
+STEPS=${2:-sweep,push,modes,ws1,host,profile}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 for s in ${STEPS//,/ }; do   # every step known, or nothing runs
-  case $s in sweep|modes|ws1|host|profile) ;;
-    *) echo "run_one_gpu.sh: unknown step '$s' (expected sweep, modes, ws1, host, profile)" >&2; exit 2 ;;
+  case $s in sweep|push|modes|ws1|host|profile) ;;
+    *) echo "run_one_gpu.sh: unknown step '$s' (expected sweep, push, modes, ws1, host, profile)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
@@ -47,6 +49,7 @@ for s in ${STEPS//,/ }; do
         python3 benchmarks/bench_gemm_configs.py --write-tuning "$OUT/gemm_tuning.json" --from "$OUT/gemm_configs.json"
         [ "${INSTALL_TUNING:-0}" = 1 ] && cp "$OUT/gemm_tuning.json" tilescale/ops/gemm_tuning.json
       fi ;;
+    push) step push env GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --push --json "$OUT/gemm_rs_push.json" ;;
     modes) step modes env GPUS=1 bash launch.sh benchmarks/bench_build_modes.py --json "$OUT/build_modes.json" ;;
     ws1) step ws1 env GPUS=1 bash launch.sh benchmarks/bench_fused.py --op both --json "$OUT/fused_ws1.json" ;;
     host) step host env GPUS=1 bash launch.sh benchmarks/bench_host.py --json "$OUT/host_w1.json" ;;

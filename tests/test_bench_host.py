@@ -162,7 +162,7 @@ def test_kernels_are_the_ops_own(bench):
         names = sorted(getattr(fn, "func", fn).__name__ for fn, _ in bench.jobs(W))
         ag_gemm = ["ag_gemm_kernel"] * (2 if W > 1 else 1)    # the GEMM of the own rows, then of the others'
         assert names == sorted(["allgather_kernel", "allreduce_one_shot_kernel", "reduce_scatter_kernel",
-                                *ag_gemm, "gemm_rs_gemm_kernel", "gemm_rs_reduce_kernel"])
+                                *ag_gemm, "gemm_rs_push_kernel"])
         [(_, args)] = [j for j in bench.jobs(W) if getattr(j[0], "func", j[0]).__name__ == "allgather_kernel"]
         assert args[1] == allgather.default_blocks_per_peer(1 << 20, W)   # what AllGather of 1 MiB/rank builds
 
@@ -194,13 +194,13 @@ def test_run_one_gpu_names_its_steps_and_refuses_others(tmp_path):
     text = script.read_text()
     subprocess.run(["bash", "-n", str(script)], check=True)
     steps = re.findall(r"^    ([a-z0-9]+)\)", text, re.M)   # the steps' commands, in their order
-    assert steps == ["sweep", "modes", "ws1", "host", "profile"], steps
+    assert steps == ["sweep", "push", "modes", "ws1", "host", "profile"], steps
     for script_name in re.findall(r"benchmarks/\w+\.py", text):
         assert (REPO / script_name).is_file(), script_name
-    assert text.count("GPUS=1 bash launch.sh benchmarks/") == 5
+    assert text.count("GPUS=1 bash launch.sh benchmarks/") == 6
     r = subprocess.run(["bash", str(script), str(tmp_path / "out"), "sweep,nope"], capture_output=True, text=True,
                        timeout=60, env={"PATH": "/usr/bin:/bin", "STEP_TIMEOUT": "1"})
-    assert r.returncode == 2 and "unknown step 'nope' (expected sweep, modes, ws1, host, profile)" in r.stderr, r
+    assert r.returncode == 2 and "unknown step 'nope' (expected sweep, push, modes, ws1, host, profile)" in r.stderr, r
     assert not (tmp_path / "out").exists()      # refused before "sweep" ran
 
 

@@ -217,12 +217,13 @@ def build_jobs() -> dict:
 
     b = _sweep()
     _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)   # the GEMM of the others' rows
-    g, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL)
+    [push] = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="push")
+    _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))
     return {
         "ag_gemm": ag,
-        "gemm_rs": g,
+        "gemm_rs": push,
         "gemm_rs_reduce": red,
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
     }
@@ -239,10 +240,10 @@ def gemm_builds():
 def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     r = gemm_builds["ag_gemm"]
     assert "tl::rasterization2DRow<4>" in r.source and "wait_until" in r.source
-    r = gemm_builds["gemm_rs"]
+    r = gemm_builds["gemm_rs"]                                      # the push kernel (one node)
     assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
     assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
-    assert "tma_store" in r.source and "tilescale::release_stores<2" in r.source   # TMA store, then counted
+    assert "tl::tma_store(R1_desc" in r.source and "tilescale::release_stores<2" in r.source  # pushed, then counted
     assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source

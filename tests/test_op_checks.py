@@ -255,6 +255,8 @@ CONSTRUCTION = [
      r"GemmRS: N: got -2048, expected an int >= 1"),
     ("GemmRS reduce_blocks", lambda: gemm_rs.GemmRS(4096, 2048, 1024, torch.bfloat16, reduce_blocks=132),
      OpArgumentError, r"GemmRS: reduce_blocks: got 132, expected fewer than the 132 SMs"),
+    ("GemmRS path", lambda: gemm_rs.GemmRS(4096, 2048, 1024, torch.bfloat16, path="fast"),
+     OpArgumentError, r"GemmRS: path: got 'fast', expected one of \('push', 'pull'\) or None \(the job's best: 'push'\)"),
     ("AllReduce float shape", lambda: allreduce.AllReduce((2.5,), torch.bfloat16), OpArgumentTypeError,
      r"AllReduce: shape: got \(2\.5,\), expected a sequence of ints"),
     ("AllReduce dtype", lambda: allreduce.AllReduce((8,), torch.int32), OpArgumentError,
@@ -559,3 +561,14 @@ def test_ops_order_a_change_of_stream(fake, monkeypatch):
         with pytest.raises(Launched):
             op(*args, **kw)
     assert seen == [77] * 6
+
+
+def test_gemm_rs_push_is_refused_where_the_job_cannot_take_it(fake, monkeypatch):
+    """Push needs every rank on this node: with TILESCALE_NODE_SIZE=1 (a peer on another node) it is refused by
+    name on every rank, and the default is pull."""
+    monkeypatch.setenv("TILESCALE_NODE_SIZE", "1")
+    fake(world_size=2)
+    assert gemm_rs.default_path(2) == "pull"
+    with pytest.raises(OpArgumentError, match=r"GemmRS: path: got 'push', expected 'pull' or None on this job "
+                                              r"\(push needs every rank on this node"):
+        gemm_rs.GemmRS(4096, 2048, 1024, torch.bfloat16, path="push")

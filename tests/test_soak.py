@@ -46,13 +46,13 @@ def test_soak_plan_is_deterministic_and_stays_on_the_ops_kernels(soak):
         without_stream = soak.jobs(W, 132, soak.parse_args(["--ops", ",".join(soak.OPS)]))
         assert everything == without_stream
         assert sorted(_names(everything)) == sorted([
-            "gemm_rs_gemm_kernel", "gemm_rs_reduce_kernel", *["ag_gemm_kernel"] * (2 if W > 1 else 1),
+            "gemm_rs_push_kernel", *["ag_gemm_kernel"] * (2 if W > 1 else 1),
             "allgather_kernel",
             "allreduce_one_shot_kernel", "allreduce_two_shot_kernel", "reduce_scatter_kernel", "all_to_all_kernel",
             "broadcast_kernel"])
     assert soak.stream_plan(4, soak.parse_args(["--seed", "1"])) != soak.stream_plan(4, a)
     assert _names(soak.jobs(4, 132, soak.parse_args(["--ops", "broadcast"]))) == ["broadcast_kernel"]
-    assert "gemm_rs_gemm_kernel" not in _names(soak.jobs(4, 132, soak.parse_args(["--ops", "broadcast,random"])))
+    assert "gemm_rs_push_kernel" not in _names(soak.jobs(4, 132, soak.parse_args(["--ops", "broadcast,random"])))
     with pytest.raises(SystemExit):
         soak.parse_args(["--ops", "all_reduce"])          # not an op name of the soak
     with pytest.raises(SystemExit):

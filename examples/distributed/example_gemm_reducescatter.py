@@ -4,15 +4,17 @@
 
 torch equivalent (K is the full inner size; each rank holds K/W of it):
     partial = X_local @ W_local; C_local = torch.empty(M // W, N); dist.reduce_scatter_tensor(C_local, partial)
-The reduction of finished row blocks runs while the GEMM goes on. Every rank checks its C_local
-against torch (partials of every rank rebuilt from their seeds, summed in fp32) and against NCCL,
-on random data, output poisoned, bf16 and fp16. Protocol: tilescale/ops/gemm_reduce_scatter.py.
+On one node each tile of a peer's rows is pushed into that peer's memory as soon as it is computed, and a
+rank's own rows, computed last, add what the peers pushed (the push path); across nodes a reduction pulls the
+finished row blocks while the GEMM goes on (the pull path). Every rank checks its C_local against torch
+(partials of every rank rebuilt from their seeds, summed in fp32) and against NCCL, on random data, output
+poisoned, bf16 and fp16, on every path the job can take. Protocol: tilescale/ops/gemm_reduce_scatter.py.
 """
 import argparse
 
 import tilescale
 from tilescale import testing
-from tilescale.ops.gemm_reduce_scatter import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
+from tilescale.ops.gemm_reduce_scatter import default_path, gemm_rs_push_kernel, gemm_rs_reduce_kernel
 
 try:
     import pytest
@@ -37,11 +39,15 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
 
     dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     rank, W = info.rank, info.world_size
-    prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for j in prebuild.gemm_rs_jobs([(M, K, N)], W, d)])
+    from tilescale.ops.gemm_reduce_scatter import kernels
+
     kl = K // W
+    paths = ("push", "pull") if default_path(W) == "push" else ("pull",)
+    prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for p in paths for j in kernels(M, N, kl, W, d, path=p)])
     rows = slice(rank * (M // W), (rank + 1) * (M // W))
-    for dtype in (torch.bfloat16, torch.float16):
-        op = tilescale.ops.GemmRS(M, N, kl, dtype)
+    for dtype, path in ((d, p) for d in (torch.bfloat16, torch.float16) for p in paths):
+        op = tilescale.ops.GemmRS(M, N, kl, dtype, path=path)
+        assert op.path == path
         out = torch.empty(M // W, N, device="cuda", dtype=dtype)
         for epoch in range(1, iters + 1):
             x, w = operands(rank, M, N, kl, epoch, dtype)
@@ -52,30 +58,42 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
                       (operands(r, M, N, kl, epoch, dtype) for r in range(W)))
             err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
             if not err < 2e-2:
-                raise AssertionError(f"[rank {rank}] gemm_rs {dtype} epoch {epoch}: relative max error {err:.3g}")
+                raise AssertionError(f"[rank {rank}] gemm_rs ({path}) {dtype} epoch {epoch}: relative max error "
+                                     f"{err:.3g}")
         partial = x @ w
         nccl = torch.empty(M // W, N, device="cuda", dtype=dtype)
         dist.reduce_scatter_tensor(nccl, partial)
         err = ((out.float() - nccl.float()).abs().max() / nccl.float().abs().max()).item()
         if not err < 2e-2:
-            raise AssertionError(f"[rank {rank}] gemm_rs {dtype} vs NCCL: relative max error {err:.3g}")
+            raise AssertionError(f"[rank {rank}] gemm_rs ({path}) {dtype} vs NCCL: relative max error {err:.3g}")
         op.close()   # its symmetric buffers (collective): the cached op of the same shape below needs the heap
-        again = tilescale.ops.gemm_rs(x, w)
-        torch.cuda.synchronize()
-        testing.check_close("tilescale.ops.gemm_rs vs GemmRS", again, out, rank)
-    print(f"[rank {rank}] OK: gemm_rs M={M} N={N} K={K} over {W} ranks matches torch and NCCL (bf16, fp16)",
-          flush=True)
+        if path == default_path(W):   # the function takes the same path: the same kernel, the same sums
+            again = tilescale.ops.gemm_rs(x, w)
+            torch.cuda.synchronize()
+            testing.check_close(f"tilescale.ops.gemm_rs vs GemmRS ({path})", again, out, rank)
+    print(f"[rank {rank}] OK: gemm_rs M={M} N={N} K={K} over {W} ranks matches torch and NCCL (bf16, fp16; "
+          f"paths: {', '.join(paths)})", flush=True)
 
 
 def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 2048) -> None:
-    for r in (gemm_rs_gemm_kernel.build(M, N, K // world_size, world_size),
-              gemm_rs_reduce_kernel.build(M, N, world_size, 256 * (N // 256), 20)):
-        print(f"built {r.library}")
+    from tilescale.ops.gemm_reduce_scatter import kernels
+
+    for fn, args in kernels(M, N, K // world_size, world_size, "bfloat16"):   # the path this job takes
+        print(f"built {fn.build(*args).library}")
 
 
 def test_gemm_rs_compiles_for_sm90():
     r = gemm_rs_reduce_kernel.build(1024, 512, 4, 512, 8, "float16")
     assert r.spec.distributed and "tilescale::wait_until_pe" in r.source and "tilescale::peer_ptr" in r.source
+
+
+def test_gemm_rs_push_kernel_compiles_for_sm90():
+    """The push kernel at 4 ranks: 3 peers' TMA stores, each counted on that peer's word through its view (no
+    NVSHMEM call, no peer_ptr: a call in the kernel would serialise its wgmma pipeline), one wait, for my rows."""
+    r = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16")
+    assert r.spec.distributed and "tilescale::peer_ptr" not in r.source
+    assert r.source.count("tilescale::release_stores<") == 3 and r.source.count("tilescale::wait_until<") == 1
+    assert all(f"tl::tma_store(R{d}_desc" in r.source for d in (1, 2, 3)) and "R4_desc" not in r.source
 
 
 if pytest is not None:

@@ -26,7 +26,7 @@ import tilescale.language as T
 
 TUNING_FILE = Path(__file__).with_name("gemm_tuning.json")
 SMEM_LIMIT = 232448        # bytes of shared memory one block may use on H100 / H200 (227 KiB)
-OPS = ("ag_gemm", "gemm_rs")
+OPS = ("ag_gemm", "gemm_rs", "gemm_rs_push")   # gemm_rs: its pull path's GEMM; gemm_rs_push: its push kernel
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def padded_rows(rows: int) -> int:
 
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
           elem_bytes: int = 2) -> str | None:
-    """Why `cfg` cannot compute this (M, N, K) problem inside `op` ("ag_gemm", "gemm_rs" or None for the
+    """Why `cfg` cannot compute this (M, N, K) problem inside `op` (one of :data:`OPS`, or None for the
     plain GEMM), or None when it can. (M, N, K) is the GEMM as the op runs it on one rank: for gemm_rs, K is
     the local K."""
     if op is not None and op not in OPS:
@@ -136,7 +136,7 @@ def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: s
         return f"needs {cfg.smem_bytes(elem_bytes)} bytes of shared memory, more than {SMEM_LIMIT}"
     if op is not None and M % (world_size * cfg.block_m):
         return f"M={M} is not a multiple of world_size x block_m = {world_size} x {cfg.block_m}"
-    if op == "gemm_rs" and N % cfg.block_n:
+    if op in ("gemm_rs", "gemm_rs_push") and N % cfg.block_n:
         return f"N={N} is not a multiple of block_n={cfg.block_n} (completion counts are per whole tile)"
     return None
 

@@ -6,17 +6,36 @@ torch equivalent (X_local: (M, K/W), W_local: (K/W, N) on each rank)::
     C_local = torch.empty(M // W, N)
     torch.distributed.reduce_scatter_tensor(C_local, partial)     # sum over ranks, rows split by rank
 
-How it overlaps: each rank's GEMM computes the row chunks in the order their owners need them
-(rank+1's rows first, its own last) and counts finished tiles per row block; a reduction kernel on a
-side stream, on a few SMs, pulls each finished row block of every rank as soon as its count is complete
-and sums it in fp32, while the GEMM goes on. A rank of this node is read over NVLink (loads through its
-peer mapping); a rank of another node (``TILESCALE_NODE_SIZE`` included) with NVSHMEM: its count polled
-with atomic fetches, its rows fetched with a get into a symmetric staging tile, summed from there.
+Each rank's GEMM computes the row chunks in the order their owners need them: rank+1's rows first, its own
+last. Two ways to sum them (chosen per job, the same on every rank: :func:`default_path`):
 
-Signal protocol of one call. Its call number e = 1, 2, ... is counted on the device by each kernel
-(``T.call_number``: both kernels run once per call, so both count the same e), and the partials are
-double-buffered by e % 2 (``P`` holds both: rows ``(e % 2) * M + ...``): a call captured in a CUDA graph
-sees a new e on every replay, and replays and eager calls may be interleaved.
+**push** (every rank on this node, NVLink / P2P mapped; the default there): one kernel on every SM, nothing
+else. A tile of a peer's rows goes by TMA store straight into that peer's receive slab ``R``, into the slot of
+its source; a tile of my own rows, computed last, adds the W - 1 tiles the peers pushed for it to its
+accumulator (fp32) and stores the sum into C_local. No SM is reserved, no reduction kernel runs, and at world
+size 1 the call is this GEMM alone. Signal protocol of call e = 1, 2, ... (counted on the device by every block,
+``T.call_number``: a call captured in a CUDA graph sees a new e on every replay); ``R`` is double-buffered by
+e % 2 (rows ``((e % 2) * (W - 1) + slot) * M / W + ...``; the slot of source s on owner o is (o - s - 1) mod W):
+
+1. a tile of owner o != me: TMA store of the tile into o's ``R`` (through its peer mapping), slot of me; each
+   consumer warp then waits until that store is written and adds 1 to o's ``arrived[tile]`` (release, system
+   scope: ``T.release_stores`` on o's word, through the mapping);
+2. a tile of my rows: wait until ``arrived[tile] >= e * (W - 1) * warps`` (acquire, system scope; the peers
+   computed my rows before their own, so this is normally already true), add the W - 1 slots of this call's
+   half of ``R`` to the accumulator, store the sum into C_local (TMA).
+
+A peer's next-but-one call may overwrite a slot of half e % 2 only after its call e + 1 ended, which waited
+(step 2) for my pushes of call e + 1, which my GPU ran after this call's kernel: so after I read the slot.
+The wait of step 2 needs the peers' tiles of step 1 to get SMs: true on distinct GPUs (step 1 never waits) and
+for ranks that share a GPU time-sliced; ranks sharing a GPU under MPS take the pull path (a rank's waiting tiles
+could hold every SM of the GPU they share).
+
+**pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
+GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
+finished row block of every rank as soon as its count is complete and sums it in fp32, while the GEMM goes on.
+A rank of this node is read over NVLink (loads through its peer mapping); a rank of another node with NVSHMEM:
+its count polled with atomic fetches, its rows fetched with a get into a symmetric staging tile. The partials
+``P`` are double-buffered by e % 2 (rows ``(e % 2) * M + ...``):
 
 1. GEMM (main stream): a block stores its tile of row block rb into ``P[e % 2]`` with one TMA store; each of
    its consumer warps waits until that store is written, then adds 1 to ``done[rb]`` (release, system
@@ -38,6 +57,109 @@ from .base import Op, _capturing
 from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
 
 __all__ = ["GemmRS", "gemm_rs"]
+
+PATHS = ("push", "pull")
+MAX_PUSH_RANKS = 8     # the push kernel takes one TMA view per peer (an NVLink domain of 8 GPUs)
+
+
+@T.macro
+def _push_to(Cs, view, count, d, dd: int, world_size: int, row, col, tile):
+    """Step 1 of the push protocol for the peer `dd` ranks ahead, when this tile's owner is that peer (`d` ==
+    `dd`): the TMA store of the tile into `view` (its ``R``, seen through its mapping), then, once written, the
+    count on `count` (its ``arrived``, the same way)."""
+    if dd < world_size:
+        if d == dd:
+            T.copy(Cs, view[row, col])
+            T.release_stores(count[tile], 1, scope="sys")
+
+
+@T.macro
+def _store_own(Cl, Cs, C, t, bx):
+    """The last step of a tile of my rows: the accumulator through shared memory into C_local (a TMA store)."""
+    block_m, block_n = Cs.shape
+    T.copy(Cl, Cs)
+    T.copy(Cs, C[t * block_m, bx * block_n])
+
+
+@tilescale.jit
+def gemm_rs_push_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
+                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
+    """The one kernel of :class:`GemmRS`'s push path (module docstring): the tiles of the peers' rows pushed
+    into their ``R`` and counted in their ``arrived`` (R1 .. R7 and A1 .. A7: those of rank me + 1, me + 2, ...,
+    through the peer mappings; unused ones may be any tensors of those shapes), then my rows, with the peers'
+    pushes added, into C. No NVSHMEM call but the rank: the peers are reached through their mappings."""
+    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False)
+
+
+@tilescale.jit
+def gemm_rs_push_loopback_kernel(M: int, N: int, K: int, ranks: int, dtype: str = "bfloat16", block_m: int = 128,
+                                 block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
+                                 swizzle: int = 10):
+    """:func:`gemm_rs_push_kernel` as rank 0 of `ranks` runs it, on one GPU with no peers, in a job of any size
+    (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its own tiles wait
+    for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters."""
+    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True)
+
+
+def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool):
+    W = world_size
+    rows = M // W
+    tiles_m = M // block_m
+    tiles_per_rank = tiles_m // W
+    tiles_n = N // block_n
+    slots = max(W - 1, 1)
+    warps = threads // 32                  # T.release_stores counts once per consumer warp
+
+    slab, words = (2 * slots * rows, N), (tiles_per_rank * tiles_n,)     # R's shape, arrived's
+
+    @T.prim_func
+    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
+                     R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
+                     counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
+                     R1: T.Tensor(slab, dtype), R2: T.Tensor(slab, dtype), R3: T.Tensor(slab, dtype),
+                     R4: T.Tensor(slab, dtype), R5: T.Tensor(slab, dtype), R6: T.Tensor(slab, dtype),
+                     R7: T.Tensor(slab, dtype),
+                     A1: T.Tensor(words, "uint64"), A2: T.Tensor(words, "uint64"), A3: T.Tensor(words, "uint64"),
+                     A4: T.Tensor(words, "uint64"), A5: T.Tensor(words, "uint64"), A6: T.Tensor(words, "uint64"),
+                     A7: T.Tensor(words, "uint64")):
+        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+            e = T.call_number(counters)
+            p = T.cast(e % 2, "int32")                   # this call's half of R
+            me = T.get_rank()
+            d = by // tiles_per_rank + 1                 # the owner is rank me + d: me + 1 first, me (d = W) last
+            t = by % tiles_per_rank                      # the row tile within the owner's rows
+            tile = t * tiles_n + bx                      # its word of `arrived`
+            T.clear(Cl)
+            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
+                T.copy(X[(((me + d) % W) * tiles_per_rank + t) * block_m, ko * block_k], As)
+                T.copy(Wt[ko * block_k, bx * block_n], Bs)
+                T.gemm(As, Bs, Cl)
+            if W == 1:                                   # nothing to add: C = X @ Wt
+                _store_own(Cl, Cs, C, t, bx)
+            elif d == W:                                 # my rows (step 2)
+                T.wait_until(arrived[tile], cmp="ge", value=e * (W - 1) * warps)
+                for j in T.serial(W - 1):                # slot j through shared memory (coalesced loads)
+                    T.copy(R[(p * slots + j) * rows + t * block_m, bx * block_n], Cs)
+                    for i, k in T.Parallel(block_m, block_n):
+                        Cl[i, k] += Cs[i, k]
+                _store_own(Cl, Cs, C, t, bx)
+            else:                                        # rank me + d's rows (step 1): into its slot d - 1 of me
+                T.copy(Cl, Cs)
+                row, col = (p * slots + d - 1) * rows + t * block_m, bx * block_n
+                if loopback:
+                    T.copy(Cs, R[row, col])
+                    T.release_stores(arrived[tile], 1, scope="sys")
+                else:
+                    _push_to(Cs, R1, A1, d, 1, W, row, col, tile)
+                    _push_to(Cs, R2, A2, d, 2, W, row, col, tile)
+                    _push_to(Cs, R3, A3, d, 3, W, row, col, tile)
+                    _push_to(Cs, R4, A4, d, 4, W, row, col, tile)
+                    _push_to(Cs, R5, A5, d, 5, W, row, col, tile)
+                    _push_to(Cs, R6, A6, d, 6, W, row, col, tile)
+                    _push_to(Cs, R7, A7, d, 7, W, row, col, tile)
+
+    return gemm_rs_push
 
 
 @tilescale.jit
@@ -111,32 +233,73 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
     return gemm_rs_reduce
 
 
+def _mps_client() -> bool:
+    """Whether this process's CUDA work would go through an MPS daemon (its pipe directory exists)."""
+    import os
+
+    return os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+
+
+def default_path(world_size: int) -> str:
+    """The path :class:`GemmRS` takes on this job (module docstring): "push" when every rank is on this node
+    (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, and ranks that
+    share a GPU do not share it through MPS; else "pull". The same on every rank of a job."""
+    from .. import runtime, topology
+
+    rt = runtime.current() if runtime.is_initialized() else None
+    local = rt.info.local_world_size if rt is not None else None
+    if topology.of(world_size, local).nodes > 1 or world_size > MAX_PUSH_RANKS:
+        return "pull"
+    if rt is not None and runtime.shares_gpu() and _mps_client():
+        return "pull"
+    return "push"
+
+
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
-            config: GemmConfig | None = None) -> list:
-    """[(jit function, args)] of the GEMM and the reduction :class:`GemmRS` compiles for this problem."""
-    cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs", config=config)
+            config: GemmConfig | None = None, path: str | None = None) -> list:
+    """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
+    :func:`default_path`): the push kernel, or the pull path's GEMM and reduction."""
+    push = (path or default_path(world_size)) == "push"
+    # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
+    # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape: RESULTS.md run 21)
+    cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
+    gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+                 cfg.swizzle)
+    if push:
+        return [(gemm_rs_push_kernel, gemm_args)]
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = cfg.threads // 32 * (N // cfg.block_n)     # T.release_stores: one count per consumer warp
-    return [(gemm_rs_gemm_kernel, (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k,
-                                   cfg.stages, cfg.threads, cfg.swizzle)),
+    return [(gemm_rs_gemm_kernel, gemm_args),
             (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
 
 
 class GemmRS(Op):
-    """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct."""
+    """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct. `path`: "push" or "pull"
+    (module docstring; None: :func:`default_path`, the fastest this job can take); `reduce_blocks`: the SMs of the pull
+    path's reduction."""
 
     NAME, KERNEL = "GemmRS", "gemm_rs"
-    GRAPH_SAFE = True     # both kernels count calls on the device (module docstring)
+    GRAPH_SAFE = True     # the kernels count calls on the device (module docstring)
 
     def __init__(self, M: int, N: int, K_local: int, dtype, *, reduce_blocks: int = 20,
-                 config: GemmConfig | None = None):
+                 config: GemmConfig | None = None, path: str | None = None):
         import torch
 
-        with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config):
+        from .. import symm
+
+        with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config,
+                            path=path) as agreed:
             check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
             checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
+            best = default_path(self.world_size)
+            if path is not None and path not in PATHS:
+                checks.fail("GemmRS", "path", repr(path), f"one of {PATHS} or None (the job's best: {best!r})")
+            elif path == "push" and best != "push":
+                checks.fail("GemmRS", "path", "'push'", "'pull' or None on this job (push needs every rank on this "
+                            f"node, at most {MAX_PUSH_RANKS} ranks, and no MPS-shared GPU)")
+            agreed["path"] = path = path or best
             try:
                 sms = vectors.sm_count()
             except Exception:  # noqa: BLE001  (no GPU here: the construction fails later, after the agreement)
@@ -144,10 +307,30 @@ class GemmRS(Op):
             if sms is not None and reduce_blocks >= sms:
                 checks.fail("GemmRS", "reduce_blocks", repr(reduce_blocks), f"fewer than the {sms} SMs of this GPU "
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
-            [(gemm_fn, self.gemm_args), (reduce_fn, self.reduce_args)] = kernels(
-                M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config)
-        self.block_m = self.gemm_args[5]
+            jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path)
+        W = self.world_size
+        self.path = path
+        (gemm_fn, self.gemm_args) = jobs[0]
+        self.block_m, block_n = self.gemm_args[5], self.gemm_args[6]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
+        tiles = (M // self.block_m) * -(-N // block_n)
+        if path == "push":
+            rows, slots = M // W, max(W - 1, 1)
+            self.R = self.symmetric((2 * slots * rows, N), dtype)     # the peers' pushes, by parity then slot
+            self.arrived = self.symmetric((rows // self.block_m * (N // block_n),), torch.uint64, zero=True)
+            names = ("X", "Wt", "C", "R", "arrived", "counters", *(f"R{d}" for d in range(1, MAX_PUSH_RANKS)),
+                     *(f"A{d}" for d in range(1, MAX_PUSH_RANKS)))
+            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, names)
+            self.gemm_counters = self.call_counters(tiles)
+            peers = [(self.rank + d) % W for d in range(1, W)]          # R1 .. R7, A1 .. A7: rank me + 1, ...
+            unused = MAX_PUSH_RANKS - W                                    # (any tensors of their shapes)
+            views = [symm.peer_tensor(self.R, q) for q in peers] + [self.R] * unused
+            counts = [symm.peer_tensor(self.arrived, q) for q in peers] + [self.arrived] * unused
+            self._tail = (self.R, self.arrived, self.gemm_counters, *views, *counts)
+            self._tail_ptrs = tuple(t.data_ptr() for t in self._tail)
+            self.launch_path = "direct" if self._direct is not None else "tilelang"
+            return
+        (reduce_fn, self.reduce_args) = jobs[1]
         self.P = self.symmetric((2 * M, N), dtype)     # the partials of even calls, then of odd ones
         self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
         # where a peer's partial rows land before they are summed, for peers on other nodes (an NVSHMEM get's
@@ -157,9 +340,9 @@ class GemmRS(Op):
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
-        tiles = (M // self.block_m) * -(-N // self.gemm_args[6])
         counters = self.call_counters(tiles + blocks)        # the GEMM's, then the reduction's
         self.gemm_counters, self.reduce_counters = counters[:tiles], counters[tiles:]
+        self.launch_path = "tilelang"
 
     def _validate(self, x, w, out) -> None:
         """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
@@ -179,10 +362,17 @@ class GemmRS(Op):
     def __call__(self, x, w, out=None):
         import torch
 
-        self.begin(x, w, out)
-        main = torch.cuda.current_stream()
+        stream = self.begin(x, w, out)
         c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
                                                     device=x.device)
+        if self.path == "push":            # one kernel (module docstring, push)
+            direct = self._direct
+            if direct is None:
+                self.gemm.launch(x, w, c, *self._tail)
+            elif direct[0](x.data_ptr(), w.data_ptr(), c.data_ptr(), *self._tail_ptrs, stream):
+                raise self.launch_error()
+            return c
+        main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             self.reduce.launch(self.P, self.done, c, self.staging, self.reduce_counters)
