@@ -76,11 +76,12 @@ def test_push_kernel_protocol(W):
     assert f"R{W}_desc" not in src and f"A{W}[" not in src                     # the unused views are not touched
     assert re.search(r"tma_store\(R1_desc, .*\(\(int\)\(e & \(uint64_t\)1\)\) \* " + str(slots * rows), src), src
     # my rows: wait for e x (W - 1) x 8 consumer warps' counts, add W - 1 slots, then the TMA store into C
-    wait = re.search(r"tilescale::wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), 3, \(+e \* \(uint64_t\)(\d+)\)"
-                     r"(?: \* \(uint64_t\)(\d+)\))?, ", src)
+    wait = re.search(r"tilescale::wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), 3, "
+                     r"\(+e \* \(uint64_t\)(\d+)\)(?: \* \(uint64_t\)(\d+)\))?, ", src)
     assert wait and int(wait[1]) * int(wait[2] or 1) == (W - 1) * 8, src
     fold = src[wait.end():src.index("tl::tma_store(C_desc")]
-    assert "*(uint4*)(R + " in fold and (W == 2 or re.search(r"for \(int j = 0; j < " + str(W - 1) + r"; \+\+j\)", fold))
+    assert "*(uint4*)(R + " in fold                                  # coalesced loads of the slots
+    assert W == 2 or re.search(r"for \(int j = 0; j < " + str(W - 1) + r"; \+\+j\)", fold)
     assert wait.end() < src.index("tl::tma_store(C_desc")
     assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # peers through their views: no call in the kernel
 
