@@ -90,9 +90,18 @@ def test_gemm_rs_compiles_for_sm90():
 
 def test_gemm_rs_push_kernel_compiles_for_sm90():
     """The push kernel at 4 ranks: 3 peers' TMA stores, each counted on that peer's word through its view (no
-    NVSHMEM call, no peer_ptr: a call in the kernel would serialise its wgmma pipeline), one wait, for my rows."""
+    NVSHMEM call, no peer_ptr: a call in the kernel would serialise its wgmma pipeline), one wait, for my rows; and
+    the C entry point GemmRS launches it through (raw pointers, then the stream)."""
+    import ctypes
+    from pathlib import Path
+
+    from tilescale.ops.direct_launch import argtypes_for, call_signature
+    from tilescale.ops.gemm_reduce_scatter import PUSH_PARAMS
+
     r = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16")
     assert r.spec.distributed and "tilescale::peer_ptr" not in r.source
+    host = Path(r.library).with_suffix(".cu").read_text()       # GemmRS launches it through its C entry point
+    assert argtypes_for(call_signature(host), PUSH_PARAMS) == [ctypes.c_void_p] * (len(PUSH_PARAMS) + 1), host
     assert r.source.count("tilescale::release_stores<") == 3 and r.source.count("tilescale::wait_until<") == 1
     assert all(f"tl::tma_store(R{d}_desc" in r.source for d in (1, 2, 3)) and "R4_desc" not in r.source
 

@@ -60,6 +60,9 @@ __all__ = ["GemmRS", "gemm_rs"]
 
 PATHS = ("push", "pull")
 MAX_PUSH_RANKS = 8     # the push kernel takes one TMA view per peer (an NVLink domain of 8 GPUs)
+# the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
+PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", *(f"R{d}" for d in range(1, MAX_PUSH_RANKS)),
+               *(f"A{d}" for d in range(1, MAX_PUSH_RANKS)))
 
 
 @T.macro
@@ -318,9 +321,7 @@ class GemmRS(Op):
             rows, slots = M // W, max(W - 1, 1)
             self.R = self.symmetric((2 * slots * rows, N), dtype)     # the peers' pushes, by parity then slot
             self.arrived = self.symmetric((rows // self.block_m * (N // block_n),), torch.uint64, zero=True)
-            names = ("X", "Wt", "C", "R", "arrived", "counters", *(f"R{d}" for d in range(1, MAX_PUSH_RANKS)),
-                     *(f"A{d}" for d in range(1, MAX_PUSH_RANKS)))
-            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, names)
+            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)
             self.gemm_counters = self.call_counters(tiles)
             peers = [(self.rank + d) % W for d in range(1, W)]          # R1 .. R7, A1 .. A7: rank me + 1, ...
             unused = MAX_PUSH_RANKS - W                                    # (any tensors of their shapes)
