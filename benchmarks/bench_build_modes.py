@@ -87,7 +87,7 @@ def run(info, args):
         "rdc_st": tilescale.compile(gemm_store_func(M, N, K), build_mode="rdc"),
     }
     flag = torch.zeros(1, dtype=torch.uint64, device="cuda")
-    args = {n: ((flag,) if n.endswith("_st") else ()) for n in kernels}
+    extra = {n: ((flag,) if n.endswith("_st") else ()) for n in kernels}
     backends = {n: tilescale.resolve_execution_backend(k) for n, k in kernels.items()}
     g = torch.Generator(device="cuda").manual_seed(0)
     A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -97,13 +97,13 @@ def run(info, args):
     errs = {}
     for n, k in kernels.items():
         C.fill_(float("nan"))
-        k(A, B, C, *args[n])
+        k(A, B, C, *extra[n])
         torch.cuda.synchronize()
         err = ((C.float() - ref).abs().max() / ref.abs().max()).item()
         errs[n] = err
         if not err < 1e-2:
             raise AssertionError(f"{n}: relative max error {err:.3g} vs torch (expected < 1e-2)")
-    fns = {n: (lambda k=k, a=args[n]: k(A, B, C, *a)) for n, k in kernels.items()}
+    fns = {n: (lambda k=k, a=extra[n]: k(A, B, C, *a)) for n, k in kernels.items()}
     fns["cuBLAS"] = lambda: torch.matmul(A, B, out=C)
     times = {n: [] for n in fns}
     for _ in range(args.repeats):  # round-robin so clocks and heat hit every variant alike
