@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 BUILD = textwrap.dedent("""
@@ -29,3 +31,29 @@ def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm(tmp_path):
     assert "C7510" not in r.stdout, "the wgmma pipeline is serialised:\n" + \
         "\n".join(ln for ln in r.stdout.splitlines() if "C75" in ln or "stack frame" in ln)
     assert "0 bytes stack frame" in r.stdout   # no call left behind in the kernel
+
+
+RDC_BUILD = textwrap.dedent("""
+    import sys
+    import tilescale
+    from tilescale.ops import allgather_gemm, gemm_reduce_scatter
+    if sys.argv[1] == "ag_gemm":
+        _, (fn, args) = allgather_gemm.kernels(2048, 2048, 1024, 2, "bfloat16")   # the GEMM whose tiles wait
+    else:
+        ((fn, args),) = gemm_reduce_scatter.kernels(2048, 1024, 512, 4, "bfloat16", path="push")
+    tilescale.build(fn.get_tir(*args), build_mode="rdc", compile_flags=["-Xptxas=-v"])
+""")
+
+
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs_push"])
+def test_fused_gemms_make_no_nvshmem_call_in_the_rdc_mode(tmp_path, op):
+    """Under -rdc=true a call into libnvshmem_device serialises the kernel's wgmma (C7509): the GEMM with T.quiet ran
+    at 0.80 of tilelang, the same GEMM with a flag store (no call, C7504 only) at 0.97 (RESULTS.md run 22). The fused
+    ops' GEMM kernels signal with tilescale's own inline primitives, so the rdc mode keeps their pipeline."""
+    env = dict(os.environ, TILESCALE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", RDC_BUILD, op.split("_push")[0]], cwd=REPO, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "Compiling entry function" in r.stdout, "ptxas -v output not seen:\n" + r.stdout[-2000:]
+    notes = "\n".join(ln for ln in r.stdout.splitlines() if "C75" in ln)
+    assert "C7509" not in r.stdout and "C7510" not in r.stdout, f"{op}: wgmma serialised in the rdc mode:\n{notes}"
