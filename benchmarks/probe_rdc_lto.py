@@ -23,6 +23,7 @@ neither. Re-run this after a CUDA or NVSHMEM upgrade: a step whose answer change
 """
 import argparse
 import ctypes
+import functools
 import glob
 import json
 import os
@@ -39,20 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tilescale import discovery, toolchain  # noqa: E402
 
 KERNEL = r"""
-extern __device__ void ext_fn(int*);
-__global__ void __launch_bounds__(384, 1) k(float* x, int* f) {
+__global__ void __launch_bounds__(384, 1) k(float* x) {
   if (threadIdx.x < 128) { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n"); x[threadIdx.x] += 1.0f; }
   else { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n"); x[threadIdx.x] *= 2.0f; }
-#ifdef WITH_EXTERN_CALL
-  if (threadIdx.x == 0) ext_fn(f);
-#endif
 }
 """
 ARCH = ["-gencode", "arch=compute_90a,code=sm_90a"]
 LTO_ARCH = ["-gencode", "arch=compute_90a,code=lto_90a"]
-NVJITLINK_INPUT = {"ltoir": 3, "any": 10}   # nvJitLinkInputType
-# (expected finding, whether the step shows rdc at full speed is blocked): what each step showed with CUDA 13.0 /
-# nvJitLink 13.5 / NVSHMEM 3.4.5 (docs/rdc-lto.md); a different answer is printed as CHANGED
+NVJITLINK_INPUT_ANY = 10   # nvJitLinkInputType: the linker tells objects, archives and LTO IR apart itself
+# what each step showed with CUDA 13.0 / nvJitLink 13.5 / NVSHMEM 3.4.5 (docs/rdc-lto.md): a word of its answer; a
+# different answer is printed as CHANGED
 EXPECTED = {
     "whole_program": "setmaxnreg kept",
     "rdc_no_call": "C7504",
@@ -74,6 +71,7 @@ def nvcc(args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([toolchain.nvcc_path(), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@functools.cache
 def toolkit_root() -> Path:
     """The CUDA toolkit of the nvcc on PATH (its own ``_HERE_``: nvcc may be a wrapper script elsewhere)."""
     r = subprocess.run([toolchain.nvcc_path(), "-dryrun", "-E", "-x", "cu", os.devnull], capture_output=True,
@@ -94,8 +92,11 @@ def shadow_toolkit(tmp: Path) -> Path:
         if p.name not in ("nvvm", "bin"):
             (root / p.name).symlink_to(p)
     (root / "bin").mkdir()
-    for p in (real / "bin").iterdir():      # nvcc finds its tools next to itself: copies, not links
-        (shutil.copytree if p.is_dir() else shutil.copy2)(p, root / "bin" / p.name)
+    for p in (real / "bin").iterdir():      # nvcc finds its tools, nvlink libnvvm, from where it really is: copies
+        if p.name in ("nvcc", "nvlink"):
+            shutil.copy2(p, root / "bin" / p.name)
+        else:
+            (root / "bin" / p.name).symlink_to(p)
     for p in (real / "nvvm").iterdir():
         (root / "nvvm" / p.name).symlink_to(p)
     for lib in [*sorted((real / "lib").glob("libnvvm.so*")), *sorted((real / "lib64").glob("libnvvm.so*"))]:
@@ -118,29 +119,28 @@ def find_library(patterns) -> str | None:
 class NvJitLink:
     """nvJitLink through ctypes (its entry points are versioned: ``__nvJitLinkCreate_13_0`` and so on)."""
 
+    NAMINGS = (("", ""), ("__", "_13_0"), ("__", "_12_0"))   # (prefix, suffix) of the entry points' names
+
     def __init__(self, path: str):
         self.lib = ctypes.CDLL(path)
-        names = [n for n in ("nvJitLinkCreate", "__nvJitLinkCreate_13_0", "__nvJitLinkCreate_12_0")
-                 if hasattr(self.lib, n)]
-        if not names:
+        found = [n for n in self.NAMINGS if hasattr(self.lib, f"{n[0]}nvJitLinkCreate{n[1]}")]
+        if not found:
             raise OSError(f"{path}: no nvJitLinkCreate entry point")
-        self.suffix = names[0][len("nvJitLinkCreate"):] if names[0].startswith("nvJitLink") else \
-            names[0][len("__nvJitLinkCreate"):]
-        self.prefix = "" if names[0].startswith("nvJitLink") else "__"
+        self.prefix, self.suffix = found[0]
 
     def fn(self, name):
         return getattr(self.lib, f"{self.prefix}{name}{self.suffix}")
 
     def link(self, inputs, options) -> tuple[int, str]:
-        """(status, error and info logs) of linking `inputs` [(path, kind)] with `options`."""
+        """(status, error and info logs) of linking the files `inputs` with `options`."""
         h = ctypes.c_void_p()
         opts = [o.encode() for o in options]
         rc = self.fn("nvJitLinkCreate")(ctypes.byref(h), len(opts), (ctypes.c_char_p * len(opts))(*opts))
         if rc:
             return rc, f"nvJitLinkCreate: {rc}"
         try:
-            for path, kind in inputs:
-                rc = self.fn("nvJitLinkAddFile")(h, NVJITLINK_INPUT[kind], str(path).encode())
+            for path in inputs:
+                rc = self.fn("nvJitLinkAddFile")(h, NVJITLINK_INPUT_ANY, str(path).encode())
                 if rc:
                     break
             if not rc:
@@ -188,7 +188,6 @@ def probe() -> dict:
     with tempfile.TemporaryDirectory(prefix="tilescale-rdc-probe-") as d:
         tmp = Path(d)
         (tmp / "k.cu").write_text(KERNEL)
-        (tmp / "ext.cu").write_text("__device__ void ext_fn(int* f) { atomicAdd(f, 1); }\n")
 
         r = nvcc([*ARCH, "-c", "k.cu", "-o", "whole.o", "-Xptxas", "-v"], tmp)
         found["whole_program"] = ptxas_words(r.stdout + r.stderr)
@@ -215,13 +214,13 @@ def probe() -> dict:
                 else "no LTO IR"
         else:
             jl = NvJitLink(jl_path)
-            rc, log = jl.link([(tmp / "k_lto.o", "any")], ["-arch=sm_90a", "-lto", "-Xptxas=-v"])
+            rc, log = jl.link([tmp / "k_lto.o"], ["-arch=sm_90a", "-lto", "-Xptxas=-v"])
             found["nvjitlink_lto"] = (ptxas_words(log) + ("; for sm_90a" if "for 'sm_90a'" in log else "")) \
                 if rc == 0 else f"failed ({rc}): {log.strip()[-300:]}"
             if install.device_library is None:
                 found["nvjitlink_lto_nvshmem"] = "no libnvshmem_device.a in this NVSHMEM install"
             else:
-                rc, log = jl.link([(tmp / "k_lto.o", "any"), (install.device_library, "any")],
+                rc, log = jl.link([tmp / "k_lto.o", install.device_library],
                                   ["-arch=sm_90a", "-lto", "-Xptxas=-v"])
                 found["nvjitlink_lto_nvshmem"] = ptxas_words(log) if rc == 0 else f"failed ({rc}): {log[-300:]}"
             found["nvjitlink"] = jl_path

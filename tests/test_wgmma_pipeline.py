@@ -22,15 +22,21 @@ BUILD = textwrap.dedent("""
 """)
 
 
-def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm(tmp_path):
+def ptxas_report(tmp_path, code: str, *argv: str) -> str:
+    """What a child Python running `code` (a build with -Xptxas=-v) prints, with an empty kernel cache of its own."""
     env = dict(os.environ, TILESCALE_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", BUILD], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    r = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "Compiling entry function 'ag_gemm_kernel'" in r.stdout, "ptxas -v output not seen:\n" + r.stdout[-2000:]
-    assert "C7510" not in r.stdout, "the wgmma pipeline is serialised:\n" + \
-        "\n".join(ln for ln in r.stdout.splitlines() if "C75" in ln or "stack frame" in ln)
-    assert "0 bytes stack frame" in r.stdout   # no call left behind in the kernel
+    return r.stdout
+
+
+def test_wait_timeout_keeps_the_wgmma_pipeline_of_ag_gemm(tmp_path):
+    out = ptxas_report(tmp_path, BUILD)
+    assert "Compiling entry function 'ag_gemm_kernel'" in out, "ptxas -v output not seen:\n" + out[-2000:]
+    assert "C7510" not in out, "the wgmma pipeline is serialised:\n" + \
+        "\n".join(ln for ln in out.splitlines() if "C75" in ln or "stack frame" in ln)
+    assert "0 bytes stack frame" in out   # no call left behind in the kernel
 
 
 RDC_BUILD = textwrap.dedent("""
@@ -45,15 +51,12 @@ RDC_BUILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs_push"])
+@pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])   # GEMM+RS: its push kernel
 def test_fused_gemms_make_no_nvshmem_call_in_the_rdc_mode(tmp_path, op):
     """Under -rdc=true a call into libnvshmem_device serialises the kernel's wgmma (C7509): the GEMM with T.quiet ran
     at 0.80 of tilelang, the same GEMM with a flag store (no call, C7504 only) at 0.97 (RESULTS.md run 22). The fused
     ops' GEMM kernels signal with tilescale's own inline primitives, so the rdc mode keeps their pipeline."""
-    env = dict(os.environ, TILESCALE_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", RDC_BUILD, op.split("_push")[0]], cwd=REPO, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stdout[-3000:]
-    assert "Compiling entry function" in r.stdout, "ptxas -v output not seen:\n" + r.stdout[-2000:]
-    notes = "\n".join(ln for ln in r.stdout.splitlines() if "C75" in ln)
-    assert "C7509" not in r.stdout and "C7510" not in r.stdout, f"{op}: wgmma serialised in the rdc mode:\n{notes}"
+    out = ptxas_report(tmp_path, RDC_BUILD, op)
+    assert "Compiling entry function" in out, "ptxas -v output not seen:\n" + out[-2000:]
+    notes = "\n".join(ln for ln in out.splitlines() if "C75" in ln)
+    assert "C7509" not in out and "C7510" not in out, f"{op}: wgmma serialised in the rdc mode:\n{notes}"
