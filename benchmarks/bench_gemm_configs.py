@@ -66,6 +66,9 @@ BASE = [
 SWIZZLE_OF = [GemmConfig(128, 256, 64, 3, 256), GemmConfig(256, 128, 64, 3, 256)]
 SWIZZLES = (0, 4, 16)
 EPILOGUES = ("tma", "signal")
+# --push only, to split the cost of "signal": the same counts released at GPU scope (enough on one GPU, not across
+# GPUs: the fence of a system-scope release is what it drops)
+DIAGNOSTIC_EPILOGUES = ("signal_gpu",)
 
 
 def candidates(epilogue: str) -> list[GemmConfig]:
@@ -101,8 +104,8 @@ def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: 
     """C = A @ B with the fused kernels' tile loop; M, N, K are run-time sizes. "signal": `done` (one word per
     row of tiles) counts the written tiles as GEMM+RS's GEMM does (other epilogues ignore it)."""
     M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"epilogue: got {epilogue!r}, expected one of {EPILOGUES}")
+    if epilogue not in EPILOGUES + DIAGNOSTIC_EPILOGUES:
+        raise ValueError(f"epilogue: got {epilogue!r}, expected one of {EPILOGUES + DIAGNOSTIC_EPILOGUES}")
 
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
@@ -112,22 +115,61 @@ def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: 
             tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
             if epilogue == "signal":
                 T.release_stores(done[by], 1, scope="sys")
+            elif epilogue == "signal_gpu":
+                T.release_stores(done[by], 1, scope="gpu")
 
     return gemm
 
 
-# GEMM+RS's GEMM as a persistent kernel (--persistent; not in the tuning table): one block per SM walks the tiles,
-# its C tile has shared memory of its own (the next tile's loads overlap this tile's store), and tile i is counted
-# once the store of tile i + 1 is issued (T.release_stores(pending=1)), so the write of a tile is never waited for.
-PERSISTENT = [GemmConfig(128, 256, 64, 3, 256, 0), GemmConfig(256, 128, 64, 3, 256, 0),
-              GemmConfig(128, 128, 64, 4, 256, 0)]
+@tilescale.jit
+def gemm_call_number_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, swizzle: int,
+                            dtype: str = "bfloat16"):
+    """--push's "tma_cn": the tile loop ("tma") after a ``T.call_number`` (the fused kernels' device call count:
+    one atomic per block, which the whole block awaits before its main loop), counted in `counts` (one word per
+    block)."""
+    M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
+             counts: T.Tensor((T.ceildiv(M, block_m) * T.ceildiv(N, block_n),), "int64")):
+        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+            e = T.call_number(counts)   # noqa: F841  (kept: an extern call; the GEMM+RS kernels use it later)
+            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
+
+    return gemm
+
+
+# GEMM+RS's GEMM as a persistent kernel (--persistent; not in the tuning table): one block
+# per SM walks the tiles in the order the non-persistent kernel's swizzle launches them (panels of `swizzle` rows of
+# tiles); its C tile has shared memory of its own (the next tile's loads overlap this tile's store); tile i is counted
+# after tile i + 1's main loop, just before tile i + 1's store is issued, when its own write has long been done: no
+# write is waited for, and no store is in flight when the count's release fence runs.
+PERSISTENT = [GemmConfig(128, 256, 64, 3, 256, 10), GemmConfig(256, 128, 64, 3, 256, 10),
+              GemmConfig(128, 128, 64, 4, 256, 10)]
+
+
+def tile_of(t, tiles_m, tiles_n, swizzle: int):
+    """(row, column) of tiles of the `t`-th tile in the order :func:`tile_buffers` launches blocks: panels of
+    `swizzle` rows of tiles (the last panel: the rows left), column by column inside a panel, odd panels from the
+    last column back (tilelang's ``T.use_swizzle``, row rasterisation); `swizzle` 0: row by row. For the persistent
+    kernel."""
+    if swizzle <= 0:
+        return t // tiles_n, t % tiles_n
+    group = swizzle * tiles_n
+    panel = t // group
+    rows = T.min(swizzle, tiles_m - panel * swizzle)
+    r = t % group
+    col = r // rows
+    return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
 
 
 @tilescale.jit
-def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, sms: int = SMS,
-                           dtype: str = "bfloat16"):
-    """C = A @ B with the fused kernels' tile loop on `sms` persistent blocks, each tile counted in `done` (one
-    word per row of tiles) once the next tile's store is issued (its own last tile: once written)."""
+def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: int, swizzle: int = 10,
+                           sms: int = SMS, dtype: str = "bfloat16"):
+    """C = A @ B with the fused kernels' tile loop on `sms` persistent blocks, tiles in swizzled launch order, each
+    counted in `done` (one word per row of tiles) just before the block's next tile is stored (its last tile: once
+    written)."""
     M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
 
     @T.prim_func
@@ -138,16 +180,24 @@ def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int
             Bs = T.alloc_shared((block_k, block_n), dtype)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
             Cs = T.alloc_shared((block_m, block_n), dtype)
-            tiles_n = T.ceildiv(N, block_n)
-            tiles = T.ceildiv(M, block_m) * tiles_n
+            tiles_m, tiles_n = T.ceildiv(M, block_m), T.ceildiv(N, block_n)
+            tiles = tiles_m * tiles_n
             for it in T.serial(T.ceildiv(tiles, sms)):
                 t = it * sms + bid
                 if t < tiles:
-                    tile_loop(A, B, C, As, Bs, Cl, Cs, t // tiles_n, t % tiles_n, stages, False)
-                    if it > 0:   # the block's tile before this one: its store was issued before this one's
-                        T.release_stores(done[(t - sms) // tiles_n], 1, scope="sys", pending=1)
+                    by, bx = tile_of(t, tiles_m, tiles_n, swizzle)
+                    T.clear(Cl)
+                    for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
+                        T.copy(A[by * block_m, ko * block_k], As)
+                        T.copy(B[ko * block_k, bx * block_n], Bs)
+                        T.gemm(As, Bs, Cl)
+                    if it > 0:   # the block's tile before this one: written long ago, counted now
+                        T.release_stores(done[tile_of(t - sms, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
+                    T.copy(Cl, Cs)
+                    T.copy(Cs, C[by * block_m, bx * block_n])
             if bid < tiles:      # the block's last tile
-                T.release_stores(done[((tiles - 1 - bid) // sms * sms + bid) // tiles_n], 1, scope="sys")
+                last = (tiles - 1 - bid) // sms * sms + bid
+                T.release_stores(done[tile_of(last, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
 
     return gemm
 
@@ -164,7 +214,7 @@ def all_builds() -> list[tuple]:
 def compile_all(builds, workers: int, build_only: bool):
     """{kernel_key: kernel or None}, {kernel_key: error} -- all builds in parallel threads (tilelang's
     lowering releases the GIL; nvcc runs as a subprocess)."""
-    tirs = [(c, e, gemm_persistent_kernel.get_tir(*kernel_key(c, e)[:5]) if e == "persistent"
+    tirs = [(c, e, gemm_persistent_kernel.get_tir(*kernel_key(c, e)[:6]) if e == "persistent"
              else gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds]   # elaborate in this thread
     flags = []
     if build_only:   # no driver here: link tilelang's -lcuda against tilescale's stub
@@ -290,9 +340,10 @@ def run_push(args) -> None:
     """--push: GEMM+RS's one kernel (its push path, tilescale/ops/gemm_reduce_scatter.py) as rank 0 of W runs it,
     on this GPU alone (``gemm_rs_push_loopback_kernel``: its pushes go into its own memory, counted in its own
     words, where its own tiles wait for them and add them), with the op's config of each (shape, W) and with the
-    pull path's tuned one; vs cuBLAS, the pull path's GEMM ("signal") and the plain tile loop ("tma"), timed in
-    turns in the same run; 3 back-to-back calls checked first. What it cannot show: NVLink's latency and
-    bandwidth (the stores go to this GPU's memory)."""
+    pull path's tuned one; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its count released at GPU
+    scope, to split what the count costs) and the plain tile loop ("tma"), timed in turns in the same run; 3
+    back-to-back calls checked first. What it cannot show: NVLink's latency and bandwidth (the stores go to this
+    GPU's memory)."""
     import torch
 
     from tilescale.ops import gemm_reduce_scatter as grs
@@ -306,8 +357,11 @@ def run_push(args) -> None:
     jobs = {(p, c): (grs.gemm_rs_push_loopback_kernel, (p[1][0], p[1][1], p[1][2], p[0], "bfloat16", c.block_m,
                                                         c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
             for p, cs in pushed.items() for c in cs}
-    compile_jobs(list(jobs.values()), args.workers)
-    tiles, _ = compile_all(sorted({(c, e) for c in cfgs.values() for e in ("tma", "signal")}, key=str), args.workers,
+    cn = {c: (gemm_call_number_kernel, (c.block_m, c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
+          for c in set(cfgs.values())}
+    compile_jobs(list(jobs.values()) + list(cn.values()), args.workers)
+    epis = ("signal", "signal_gpu", "tma")
+    tiles, _ = compile_all(sorted({(c, e) for c in cfgs.values() for e in epis}, key=str), args.workers,
                            build_only=False)
     rows, out = [], []
     for (W, (M, N, K)), cfg in cfgs.items():
@@ -331,14 +385,19 @@ def run_push(args) -> None:
                 C.fill_(float("nan"))
                 push(*a)
             torch.cuda.synchronize()
-            errs[c.short()] = err = ((C.float() - want).abs().max() / want.abs().max()).item()
+            name = "push" if c == ops[(W, (M, N, K))] else "push pull-tuned"
+            errs[name] = err = ((C.float() - want).abs().max() / want.abs().max()).item()
             if not err < 2e-2:
-                raise AssertionError(f"push W={W} {M}x{N}x{K} {c.short()}: relative max error {err:.3g}")
-            fns["push" if c == ops[(W, (M, N, K))] else "push pull-tuned"] = (lambda push=push, a=a: push(*a))
-        for e in ("signal", "tma"):
+                raise AssertionError(f"{name} W={W} {M}x{N}x{K} {c.short()}: relative max error {err:.3g}")
+            fns[name] = (lambda push=push, a=a: push(*a))
+        for e in epis:
             k = tiles.get(kernel_key(cfg, e))
             if k is not None:
                 fns[e] = (lambda k=k: k(X, B, Cf, done))
+        fn, fargs = cn[cfg]
+        k_cn = fn(*fargs)
+        counts = torch.zeros((M // cfg.block_m) * (N // cfg.block_n), device="cuda", dtype=torch.int64)
+        fns["tma_cn"] = (lambda k=k_cn, counts=counts: k(X, B, Cf, counts))
         for f in fns.values():
             f()
         torch.cuda.synchronize()
@@ -351,15 +410,17 @@ def run_push(args) -> None:
         ratio = {k: f"{us['cublas'] / v:.2f}" for k, v in us.items()}
         rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(), cfg.short(),
                      f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}", ratio["push"],
-                     ratio.get("push pull-tuned", "-"), ratio.get("signal", "-"), ratio.get("tma", "-")])
+                     ratio.get("push pull-tuned", "-"), ratio.get("signal", "-"),
+                     ratio.get("signal_gpu", "-"), ratio.get("tma", "-"), ratio.get("tma_cn", "-")])
         out.append(dict(world_size=W, M=M, N=N, K=K, config=ops[(W, (M, N, K))].to_dict(), pull_config=cfg.to_dict(),
                         us=us, err=errs))
         print(f"  W={W} {M}x{N}x{K}: {us}", flush=True)
     print_table(f"GEMM+RS's GEMM, bf16, one {torch.cuda.get_device_name()}: the push kernel (loopback) vs cuBLAS "
-                "(ratio = cuBLAS time / ours; push: the op's config; push pull-tuned, signal (the pull path's GEMM) "
-                "and tma (the tile loop alone): the pull path's tuned config)",
+                "(ratio = cuBLAS time / ours; push: the op's config; push pull-tuned, signal (the pull path's GEMM), "
+                "signal_gpu (its counts released at GPU scope: a diagnostic), tma (the tile loop alone) and tma_cn "
+                "(the same after a T.call_number): the pull path's tuned config)",
                 ["W", "MxNxK (per rank)", "op's config", "pull's config", "cuBLAS TFLOP/s", "push", "push pull-tuned",
-                 "signal", "tma"], rows)
+                 "signal", "signal_gpu", "tma", "tma_cn"], rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=out), f, indent=1)

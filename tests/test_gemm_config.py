@@ -264,6 +264,25 @@ def test_sweep_kernel_builds_with_the_signal_epilogue(gemm_builds):
     assert "tma_store" in r.source and "tma_load" in r.source and "tilescale::release_stores<2" in r.source
 
 
+def test_push_benchmark_diagnostics_change_one_thing_each():
+    """bench_gemm_configs --push splits what GEMM+RS's kernels cost: "signal_gpu" is "signal" with its count released
+    at GPU scope instead of system scope; "tma_cn" is "tma" after a T.call_number."""
+    from test_codegen import kernel_function, lower_source
+
+    b = _sweep()
+    src = {e: kernel_function(lower_source(b.gemm_kernel.get_tir(*b.kernel_key(SMALL, e))))
+           for e in ("signal", "signal_gpu")}
+    assert "release_stores<2," in src["signal"] and "tl::tma_store(C_desc" in src["signal"]
+    assert "release_stores<1," in src["signal_gpu"] and "release_stores<2," not in src["signal_gpu"]
+    assert src["signal_gpu"].replace("release_stores<1,", "release_stores<2,") == src["signal"]
+    cn = kernel_function(lower_source(b.gemm_call_number_kernel.get_tir(*b.kernel_key(SMALL, "tma")[:6])))
+    tma = kernel_function(lower_source(b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "tma"))))
+    assert cn.index("tilescale::call_number(") < cn.index("wgmma") and "call_number" not in tma   # tma_cn: tma + it
+    assert cn.count("tl::tma_store(") == tma.count("tl::tma_store(") and "release_stores" not in cn
+    with pytest.raises(ValueError, match="epilogue"):
+        b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal_cta"))
+
+
 # ------------------------------------------------------------------------------------ on GPUs
 @pytest.mark.multigpu
 @pytest.mark.parametrize("nranks", [2, 4])
@@ -275,10 +294,11 @@ def test_fused_ops_with_non_default_configs_on_gpus(nranks):
     testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused ops with 7 non-default configs")
 
 
-def test_persistent_kernel_counts_each_tile_after_the_next_store():
-    """bench_gemm_configs --persistent: tile i is counted with one group of TMA stores left in flight (tile i + 1's)
-    once tile i + 1's store is issued, the block's last tile once written; by the consumer warps only; the C tile
-    has shared memory of its own (not the pipeline's). `pending` outside 0-7 is refused by name."""
+def test_persistent_kernel_counts_each_tile_before_the_next_store():
+    """bench_gemm_configs --persistent: tile i is counted after tile i + 1's main loop and before tile i + 1's store
+    (its write long done, no store in flight), the block's last tile once written; by the consumer warps only; tiles
+    in the swizzled launch order; the C tile has shared memory of its own (not the pipeline's). `pending` outside
+    0-7 is refused by name."""
     import sys
 
     from tilescale.errors import LanguageError
@@ -287,12 +307,15 @@ def test_persistent_kernel_counts_each_tile_after_the_next_store():
     from test_codegen import kernel_function, lower_source
 
     b = _sweep()
-    src = kernel_function(lower_source(b.gemm_persistent_kernel.get_tir(128, 256, 64, 3, 256)))
-    deferred = src.index("tilescale::release_stores<2, unsigned long long, 1>(")
-    last = src.index("tilescale::release_stores<2, unsigned long long, 0>(")
-    assert src.index("tl::tma_store(C_desc") < deferred < last
-    assert src.count("tilescale::release_stores<") == 2
+    src = kernel_function(lower_source(b.gemm_persistent_kernel.get_tir(128, 256, 64, 3, 256, 10)))
+    counts = [m.start() for m in re.finditer(r"tilescale::release_stores<2, unsigned long long, 0>\(", src)]
+    assert len(counts) == 2 and "release_stores<2, unsigned long long, 1>" not in src
+    deferred, last = counts
+    assert src.index("wgmma") < deferred < src.index("tl::tma_store(C_desc") < last
     assert src.rfind("if (128 <= ((int)threadIdx.x))", 0, last) > deferred   # the last count: consumer threads only
+    assert "min(10, (((m + 127) >> 7)" in src                             # panels of 10 rows of tiles (the last:
+    plain = kernel_function(lower_source(b.gemm_persistent_kernel.get_tir(128, 256, 64, 3, 256, 0)))  # what is left)
+    assert "min(" not in plain                                            # swizzle 0: row by row
     offsets = dict(re.findall(r"void\* (As|Bs|Cs) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", src))
     assert len(set(offsets.values())) == 3, offsets                      # C does not reuse the pipeline's buffers
 
