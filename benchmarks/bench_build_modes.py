@@ -32,46 +32,43 @@ import tilescale.language as T  # noqa: E402
 from tilescale.ops.gemm import tile_buffers, tile_loop  # noqa: E402
 
 
-def gemm_func(M, N, K, with_quiet, BM=128, BN=256, BK=64, stages=3):
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), T.bfloat16), B: T.Tensor((K, N), T.bfloat16), C: T.Tensor((M, N), T.bfloat16)):
-        with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=256) as (bx, by):
-            As, Bs, Cl, Cs = tile_buffers(BM, BN, BK, T.bfloat16, 10)
-            tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
-            if with_quiet:
-                if T.get_thread_binding() == 0:
-                    T.quiet()
-
-    return gemm
-
-
-def gemm_store_func(M, N, K, BM=128, BN=256, BK=64, stages=3):
-    """The GEMM, then thread 0 stores a flag (release, system scope): distributed, with no NVSHMEM call."""
+def gemm_func(M, N, K, signal=None, BM=128, BN=256, BK=64, stages=3):
+    """The GEMM, then thread 0 signals (`signal`): None, "quiet" (``T.quiet()``: an NVSHMEM call) or "st" (a flag
+    store, release, system scope: distributed, with no NVSHMEM call). Every variant takes `flag` (used by "st")."""
     @T.prim_func
     def gemm(A: T.Tensor((M, K), T.bfloat16), B: T.Tensor((K, N), T.bfloat16), C: T.Tensor((M, N), T.bfloat16),
              flag: T.Tensor((1,), "uint64")):
         with T.Kernel(T.ceildiv(N, BN), T.ceildiv(M, BM), threads=256) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(BM, BN, BK, T.bfloat16, 10)
             tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
-            if T.get_thread_binding() == 0:
-                T.st(flag[0], 1, scope="sys", sem="release")
+            if signal is not None:
+                if T.get_thread_binding() == 0:
+                    if signal == "quiet":
+                        T.quiet()
+                    else:
+                        T.st(flag[0], 1, scope="sys", sem="release")
 
     return gemm
 
 
 @tilelang.jit
 def tl_gemm(M, N, K):
-    return gemm_func(M, N, K, False)
+    return gemm_func(M, N, K)
 
 
 @tilescale.jit
 def ts_gemm(M, N, K):
-    return gemm_func(M, N, K, False)
+    return gemm_func(M, N, K)
 
 
 @tilescale.jit
 def ts_gemm_quiet(M, N, K):
-    return gemm_func(M, N, K, True)
+    return gemm_func(M, N, K, "quiet")
+
+
+@tilescale.jit
+def ts_gemm_st(M, N, K):
+    return gemm_func(M, N, K, "st")
 
 
 def run(info, args):
@@ -83,11 +80,10 @@ def run(info, args):
         "tilescale": ts_gemm(M, N, K),
         "inlined": tilescale.compile(ts_gemm_quiet.get_tir(M, N, K), build_mode="inlined"),
         "rdc": tilescale.compile(ts_gemm_quiet.get_tir(M, N, K), build_mode="rdc"),
-        "inlined_st": tilescale.compile(gemm_store_func(M, N, K), build_mode="inlined"),
-        "rdc_st": tilescale.compile(gemm_store_func(M, N, K), build_mode="rdc"),
+        "inlined_st": tilescale.compile(ts_gemm_st.get_tir(M, N, K), build_mode="inlined"),
+        "rdc_st": tilescale.compile(ts_gemm_st.get_tir(M, N, K), build_mode="rdc"),
     }
     flag = torch.zeros(1, dtype=torch.uint64, device="cuda")
-    extra = {n: ((flag,) if n.endswith("_st") else ()) for n in kernels}
     backends = {n: tilescale.resolve_execution_backend(k) for n, k in kernels.items()}
     g = torch.Generator(device="cuda").manual_seed(0)
     A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -97,13 +93,13 @@ def run(info, args):
     errs = {}
     for n, k in kernels.items():
         C.fill_(float("nan"))
-        k(A, B, C, *extra[n])
+        k(A, B, C, flag)
         torch.cuda.synchronize()
         err = ((C.float() - ref).abs().max() / ref.abs().max()).item()
         errs[n] = err
         if not err < 1e-2:
             raise AssertionError(f"{n}: relative max error {err:.3g} vs torch (expected < 1e-2)")
-    fns = {n: (lambda k=k, a=extra[n]: k(A, B, C, *a)) for n, k in kernels.items()}
+    fns = {n: (lambda k=k: k(A, B, C, flag)) for n, k in kernels.items()}
     fns["cuBLAS"] = lambda: torch.matmul(A, B, out=C)
     times = {n: [] for n in fns}
     for _ in range(args.repeats):  # round-robin so clocks and heat hit every variant alike
@@ -136,7 +132,7 @@ def build(world_size):
     for mode in ("inlined", "rdc"):
         r = tilescale.build(ts_gemm_quiet.get_tir(1024, 1024, 1024), build_mode=mode)
         print(f"built {mode}: {r.library}")
-        r = tilescale.build(gemm_store_func(1024, 1024, 1024), build_mode=mode)
+        r = tilescale.build(ts_gemm_st.get_tir(1024, 1024, 1024), build_mode=mode)
         print(f"built {mode}_st: {r.library}")
 
 

@@ -40,7 +40,7 @@ from timing import round_us  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
-from tilescale.ops.gemm import DEFAULT, GemmConfig, check, tile_buffers, tile_loop, tuning_table  # noqa: E402
+from tilescale.ops.gemm import DEFAULT, GemmConfig, check, main_loop, tile_buffers, tile_loop, tuning_table  # noqa: E402
 
 SMS = 132
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
@@ -134,7 +134,7 @@ def gemm_call_number_kernel(block_m: int, block_n: int, block_k: int, stages: in
              counts: T.Tensor((T.ceildiv(M, block_m) * T.ceildiv(N, block_n),), "int64")):
         with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-            e = T.call_number(counts)   # noqa: F841  (kept: an extern call; the GEMM+RS kernels use it later)
+            T.call_number(counts)
             tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
 
     return gemm
@@ -186,11 +186,7 @@ def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int
                 t = it * sms + bid
                 if t < tiles:
                     by, bx = tile_of(t, tiles_m, tiles_n, swizzle)
-                    T.clear(Cl)
-                    for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                        T.copy(A[by * block_m, ko * block_k], As)
-                        T.copy(B[ko * block_k, bx * block_n], Bs)
-                        T.gemm(As, Bs, Cl)
+                    main_loop(A, B, As, Bs, Cl, by, bx, stages)
                     if it > 0:   # the block's tile before this one: written long ago, counted now
                         T.release_stores(done[tile_of(t - sms, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
                     T.copy(Cl, Cs)

@@ -81,11 +81,9 @@ def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: 
 
 
 @T.macro
-def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
-    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
-    :func:`tile_buffers` (`c_rb` None: `rb`): TMA loads of A and B tiles in a `stages`-deep pipeline over K,
-    wgmma into the accumulator, then the tile through shared memory to C (a TMA store; plain vector stores
-    by every thread with `disable_tma`)."""
+def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int):
+    """``Cl = A[rb, :] @ B[:, bx]`` in the accumulator, for tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma."""
     block_m, block_k = As.shape
     block_n = Bs.shape[1]
     T.clear(Cl)
@@ -93,6 +91,15 @@ def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c
         T.copy(A[rb * block_m, ko * block_k], As)
         T.copy(B[ko * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
+
+
+@T.macro
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
+    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers` (`c_rb` None: `rb`): :func:`main_loop`, then the tile through shared memory to C (a TMA
+    store; plain vector stores by every thread with `disable_tma`)."""
+    block_m, block_n = Cs.shape
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages)
     T.copy(Cl, Cs)
     T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n], disable_tma=disable_tma)
 

@@ -54,7 +54,7 @@ import tilescale.language as T
 
 from . import checks, op_cache, vectors
 from .base import Op, _capturing
-from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
+from .gemm import GemmConfig, check_problem, main_loop, padded_rows, problem_config, tile_buffers, tile_loop
 
 __all__ = ["GemmRS", "gemm_rs"]
 
@@ -133,11 +133,7 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
             d = by // tiles_per_rank + 1                 # the owner is rank me + d: me + 1 first, me (d = W) last
             t = by % tiles_per_rank                      # the row tile within the owner's rows
             tile = t * tiles_n + bx                      # its word of `arrived`
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(X[(((me + d) % W) * tiles_per_rank + t) * block_m, ko * block_k], As)
-                T.copy(Wt[ko * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl)
+            main_loop(X, Wt, As, Bs, Cl, ((me + d) % W) * tiles_per_rank + t, bx, stages)   # owner's rows
             if W == 1:                                   # nothing to add: C = X @ Wt
                 _store_own(Cl, Cs, C, t, bx)
             elif d == W:                                 # my rows (step 2)
