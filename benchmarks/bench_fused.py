@@ -93,11 +93,11 @@ def run_ag_gemm(info, shapes, dtype, quick):
             slot = op.gathered()[rank * (M // W):(rank + 1) * (M // W)]
 
             def ts_gemm():
-                op.kernel_own(slot, b, c)
-                op.kernel(op.gathered(), b, c, landed)
+                op.kernel_own(slot, b, c, *op.tail[0])
+                op.kernel(op.gathered(), b, c, landed, *op.tail[1])
         else:       # the GEMM of the own rows is all there is
             def ts_gemm():
-                op.kernel_own(a, b, c)
+                op.kernel_own(a, b, c, *op.tail[0])
         fns = dict(
             nccl=lambda: dist.all_gather_into_tensor(a_full, a),
             cublas=lambda: torch.matmul(a_full, b, out=ref),

@@ -4,6 +4,8 @@
     python benchmarks/bench_gemm_configs.py --dry-run                         # candidates per shape, no GPU
     python benchmarks/bench_gemm_configs.py --compile-check [--only 1,5]      # build candidates for sm_90a (CPU)
     python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from gemm_configs.json
+    python benchmarks/bench_gemm_configs.py --write-tuning tilescale/ops/gemm_tuning.json --from h100.json \
+        --merge tilescale/ops/gemm_tuning.json     # add (or replace) one GPU's entries, keep the other GPUs'
     GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --persistent   # GEMM+RS's GEMM: a persistent kernel too
     GPUS=1 bash launch.sh benchmarks/bench_gemm_configs.py --push         # GEMM+RS's push kernel, per shape and W
 
@@ -40,7 +42,21 @@ from timing import round_us  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
-from tilescale.ops.gemm import DEFAULT, GemmConfig, check, main_loop, tile_buffers, tile_loop, tuning_table  # noqa: E402
+from tilescale.ops.gemm import (  # noqa: E402
+    DEFAULT,
+    GemmConfig,
+    check,
+    main_loop,
+    split_block,
+    split_buffers,
+    split_plan,
+    split_tile_loop,
+    split_workspace,
+    tile_buffers,
+    tile_loop,
+    tile_order,
+    tuning_table,
+)
 
 SMS = 132
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
@@ -140,6 +156,29 @@ def gemm_call_number_kernel(block_m: int, block_n: int, block_k: int, stages: in
     return gemm
 
 
+@tilescale.jit
+def gemm_split_kernel(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, stages: int, threads: int,
+                      swizzle: int, sms: int = SMS, dtype: str = "bfloat16"):
+    """--split: C = A @ B with the last wave's tiles split along K (tilescale.ops.gemm.split_tile_loop), tiles in
+    swizzled launch order on a 1-D grid; its parameters after C: split_buffers'. M, N, K fixed (the plan needs
+    the tile count). The plan: any split the model expects to gain from (the fused ops ask for 2%)."""
+    tiles_m, tiles_n, k_tiles = -(-M // block_m), -(-N // block_n), -(-K // block_k)
+    plan = split_plan(tiles_m * tiles_n, sms, k_tiles, min_gain=0.0)
+    Work, Arrived, Fixed = split_buffers(plan, block_m, block_n)
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype), work: Work,
+             arrived: Arrived, fixed: Fixed):
+        with T.Kernel(plan.blocks, threads=threads) as b:
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, 0)
+            t, s, k0, kn = split_block(b, plan, k_tiles)
+            rb, bx = tile_order(t, tiles_m, tiles_n, swizzle)
+            split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, arrived, fixed, rb, bx, t, s, k0, kn, plan, stages,
+                            threads // 32)
+
+    return gemm
+
+
 # GEMM+RS's GEMM as a persistent kernel (--persistent; not in the tuning table): one block
 # per SM walks the tiles in the order the non-persistent kernel's swizzle launches them (panels of `swizzle` rows of
 # tiles); its C tile has shared memory of its own (the next tile's loads overlap this tile's store); tile i is counted
@@ -147,21 +186,6 @@ def gemm_call_number_kernel(block_m: int, block_n: int, block_k: int, stages: in
 # write is waited for, and no store is in flight when the count's release fence runs.
 PERSISTENT = [GemmConfig(128, 256, 64, 3, 256, 10), GemmConfig(256, 128, 64, 3, 256, 10),
               GemmConfig(128, 128, 64, 4, 256, 10)]
-
-
-def tile_of(t, tiles_m, tiles_n, swizzle: int):
-    """(row, column) of tiles of the `t`-th tile in the order :func:`tile_buffers` launches blocks: panels of
-    `swizzle` rows of tiles (the last panel: the rows left), column by column inside a panel, odd panels from the
-    last column back (tilelang's ``T.use_swizzle``, row rasterisation); `swizzle` 0: row by row. For the persistent
-    kernel."""
-    if swizzle <= 0:
-        return t // tiles_n, t % tiles_n
-    group = swizzle * tiles_n
-    panel = t // group
-    rows = T.min(swizzle, tiles_m - panel * swizzle)
-    r = t % group
-    col = r // rows
-    return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
 
 
 @tilescale.jit
@@ -185,15 +209,15 @@ def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int
             for it in T.serial(T.ceildiv(tiles, sms)):
                 t = it * sms + bid
                 if t < tiles:
-                    by, bx = tile_of(t, tiles_m, tiles_n, swizzle)
+                    by, bx = tile_order(t, tiles_m, tiles_n, swizzle)
                     main_loop(A, B, As, Bs, Cl, by, bx, stages)
                     if it > 0:   # the block's tile before this one: written long ago, counted now
-                        T.release_stores(done[tile_of(t - sms, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
+                        T.release_stores(done[tile_order(t - sms, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
                     T.copy(Cl, Cs)
                     T.copy(Cs, C[by * block_m, bx * block_n])
             if bid < tiles:      # the block's last tile
                 last = (tiles - 1 - bid) // sms * sms + bid
-                T.release_stores(done[tile_of(last, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
+                T.release_stores(done[tile_order(last, tiles_m, tiles_n, swizzle)[0]], 1, scope="sys")
 
     return gemm
 
@@ -330,6 +354,80 @@ def run_persistent(args) -> None:
                                                  "persistent (best)"], rows)
     for key, err in errors.items():
         print(f"skipped (did not build): {_cfg_of(key).short()} {key[6]}: {err[:200]}")
+
+
+SPLIT_CONFIGS = [GemmConfig(128, 256, 64, 3, 256, 10), GemmConfig(128, 256, 64, 4, 256, 10),
+                 GemmConfig(256, 128, 64, 4, 256, 10), GemmConfig(128, 128, 128, 3, 256, 10)]
+
+
+def run_split(args) -> None:
+    """--split: AG+GEMM's GEMM (TMA epilogue) per shape, each of SPLIT_CONFIGS as the plain tile loop ("tma") and with
+    the last wave's tiles split along K (``gemm_split_kernel``), vs cuBLAS, timed in turns; each split kernel checked
+    first over 3 back-to-back calls (NaN-poisoned output) against cuBLAS."""
+    import torch
+
+    from tilescale.ops.prebuild import compile_all as compile_jobs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [(M, N, K) for M, K, N in AG_SHAPES]
+    jobs = {(shape, c): (gemm_split_kernel, (*shape, c.block_m, c.block_n, c.block_k, c.stages, c.threads, c.swizzle,
+                                             sms)) for shape in shapes for c in SPLIT_CONFIGS}
+    compile_jobs(list(jobs.values()), args.workers)
+    tiles, _ = compile_all([(c, "tma") for c in SPLIT_CONFIGS], args.workers, build_only=False)
+    rows, out = [], []
+    for M, N, K in shapes:
+        g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
+        A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
+        ref = torch.matmul(A, B).float()
+        C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        fns, plans, errs = {"cublas": lambda: torch.matmul(A, B, out=C)}, {}, {}
+        for c in SPLIT_CONFIGS:
+            plan = split_plan(-(-M // c.block_m) * -(-N // c.block_n), sms, -(-K // c.block_k), min_gain=0.0)
+            plans[c] = plan
+            fn, fargs = jobs[((M, N, K), c)]
+            k = fn(*fargs)
+            ws = split_workspace(plan, c.block_m, c.block_n, device="cuda")
+            err = 0.0
+            for _ in range(3):
+                C.fill_(float("nan"))
+                k(A, B, C, *ws)
+                torch.cuda.synchronize()
+                err = max(err, ((C.float() - ref).abs().max() / ref.abs().max()).item())
+            if not err < 1e-2:
+                raise AssertionError(f"split {c.short()} {M}x{N}x{K} ({plan}): relative max error {err:.3g}")
+            errs[c.short()] = err
+            fns[("split", c)] = (lambda k=k, ws=ws: k(A, B, C, *ws))
+            kt = tiles.get(kernel_key(c, "tma"))
+            if kt is not None:
+                done = torch.zeros(-(-M // c.block_m), device="cuda", dtype=torch.uint64)   # ignored by "tma"
+                fns[("tma", c)] = (lambda k=kt, done=done: k(A, B, C, done))
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        iters = max(3, min(50, math.ceil(args.target_us / max(round_us(fns["cublas"], 3), 1.0))))
+        times = {k: [] for k in fns}
+        for _ in range(args.reps):
+            for k, f in fns.items():
+                times[k].append(round_us(f, iters))
+        us = {k: statistics.median(v) for k, v in times.items()}
+        cub = us["cublas"]
+        for c in SPLIT_CONFIGS:
+            p = plans[c]
+            tma = us.get(("tma", c))
+            rows.append([f"{M}x{N}x{K}", c.short(), p.tiles, f"{p.tail} x {p.split}" if p.split > 1 else "-",
+                         f"{2.0 * M * N * K / (cub * 1e-6) / 1e12:.0f}", f"{cub / tma:.3f}" if tma else "-",
+                         f"{cub / us[('split', c)]:.3f}"])
+            out.append(dict(M=M, N=N, K=K, config=c.to_dict(), tiles=p.tiles, full=p.full, split=p.split,
+                            cublas_us=cub, tma_us=tma, split_us=us[("split", c)], err=errs[c.short()]))
+        print(f"  {M}x{N}x{K}: cuBLAS {cub:.1f} us", flush=True)
+    print_table(f"AG+GEMM's GEMM, bf16, one {torch.cuda.get_device_name()} ({sms} SMs): the tile loop vs the same with "
+                "the last wave's tiles split along K (ratio = cuBLAS time / ours)",
+                ["MxNxK", "config", "tiles", "tail x slices", "cuBLAS TFLOP/s", "tma", "split"], rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), sms=sms, date=time.strftime("%Y-%m-%d"), rows=out), f,
+                      indent=1)
 
 
 def run_push(args) -> None:
@@ -508,6 +606,37 @@ def compile_check(args) -> None:
         sys.exit(1)
 
 
+def write_tuning(ap, args) -> None:
+    """--write-tuning OUT --from SWEEP.json [--merge EXISTING.json [--legacy-gpu NAME]]: the sweep's tuning table
+    (tilescale.ops.gemm.tuning_table), merged into EXISTING's (tilescale.ops.gemm.merge_tables); prints the entries
+    written per GPU."""
+    from collections import Counter
+
+    from tilescale.ops.gemm import load_table, merge_tables
+
+    if not args.src:
+        ap.error("--write-tuning needs --from SWEEP.json")
+    if args.legacy_gpu is not None and not args.merge:
+        ap.error("--legacy-gpu needs --merge EXISTING.json")
+    with open(args.src) as f:
+        sweep = json.load(f)
+    table = tuning_table(sweep, args.keep)
+    if args.merge:
+        if not sweep.get("gpu"):
+            ap.error(f"--merge: {args.src} names no 'gpu' (the sweep's torch.cuda.get_device_name())")
+        if not os.path.exists(args.merge):
+            ap.error(f"--merge: {args.merge}: no such file")
+        load_table(args.merge)   # a ValueError naming the file and field when it is not a valid table
+        with open(args.merge) as f:
+            table = merge_tables(json.load(f), table, args.legacy_gpu)
+    with open(args.write_tuning, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    per_gpu = Counter(e.get("gpu") or "any GPU" for e in table["entries"])
+    print(f"wrote {args.write_tuning}: {len(table['entries'])} entries: "
+          + ", ".join(f"{n} of {g}" for g, n in per_gpu.items()))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write every timing and the best config per shape here")
@@ -518,23 +647,25 @@ def main(argv=None) -> None:
                     "that counts each tile once the next one's store is issued (a table; no JSON, no tuning)")
     ap.add_argument("--push", action="store_true", help="GEMM+RS's push kernel per (shape, W) with its tuned config, "
                     "on this GPU alone (loopback), vs cuBLAS and the pull path's GEMM (a table; --json: the timings)")
+    ap.add_argument("--split", action="store_true", help="AG+GEMM's GEMM per shape: the tile loop vs the same with the "
+                    "last wave's tiles split along K (a table; --json: the timings)")
     ap.add_argument("--dry-run", action="store_true", help="list the candidates; no GPU, no build")
     ap.add_argument("--compile-check", action="store_true", help="build candidates for sm_90a (no GPU needed)")
     ap.add_argument("--only", help="with --compile-check: indices (as --dry-run lists them), e.g. 0,5,9")
-    ap.add_argument("--write-tuning", help="write tilescale's tuning table here from --from's sweep JSON")
+    ap.add_argument("--write-tuning", help="write tilescale's tuning table here from --from's sweep JSON (its entries "
+                    "tagged with the sweep's GPU)")
     ap.add_argument("--from", dest="src", help="sweep JSON for --write-tuning")
+    ap.add_argument("--merge", metavar="EXISTING.json", help="with --write-tuning: keep EXISTING's entries of other "
+                    "GPUs, in its order; the sweep's GPU's entries replace EXISTING's of that GPU (or come last)")
+    ap.add_argument("--legacy-gpu", metavar="NAME", help="with --merge: tag EXISTING's entries that name no GPU with "
+                    "this one (torch.cuda.get_device_name(), e.g. 'NVIDIA H200'); untagged, they match any GPU")
     ap.add_argument("--keep", type=int, default=6, help="configs kept per shape in the tuning table")
     args = ap.parse_args(argv)
     if args.write_tuning:
-        if not args.src:
-            ap.error("--write-tuning needs --from SWEEP.json")
-        with open(args.src) as f:
-            table = tuning_table(json.load(f), args.keep)
-        with open(args.write_tuning, "w") as f:
-            json.dump(table, f, indent=1)
-            f.write("\n")
-        print(f"wrote {args.write_tuning}: {len(table['entries'])} shapes")
+        write_tuning(ap, args)
         return
+    if args.merge or args.legacy_gpu:
+        ap.error("--merge and --legacy-gpu go with --write-tuning")
     if args.dry_run:
         dry_run()
         return
@@ -559,7 +690,7 @@ def main(argv=None) -> None:
     tilescale.init_distributed()
     try:
         if runtime.current().info.rank == 0:   # with GPUS > 1: one process does the work
-            (run_persistent if args.persistent else run_push if args.push else run)(args)
+            (run_persistent if args.persistent else run_push if args.push else run_split if args.split else run)(args)
     finally:
         tilescale.finalize()
 

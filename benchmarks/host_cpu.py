@@ -200,6 +200,7 @@ def make_ag_gemm(W):
     if two_gemms:
         op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
         op._direct_own = (counted("kernel direct launch", c_noop([VP] * 4)), lambda: b"")
+        op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail; unused by older trees)
     if hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1) and the direct launch
         op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
         op.launch_path = "direct"

@@ -355,10 +355,10 @@ def run(info, a) -> None:
     # the in-kernel timestamps: the GEMM of the own rows (it waits for nothing), plain and instrumented
     buf = torch.zeros(op.tiles[0] * 8, device="cuda", dtype=torch.int64).view(torch.uint64)
     plain, stamped = op.kernel_own, op.kernels_prof[0]
-    k_off, k_on = _interleaved_us(lambda: plain.launch(x_a, b, c),
-                                  lambda: stamped.launch(x_a, b, c, buf), pairs=10 * a.rounds)
-    k_batch = _median_rounds(lambda: time_op(lambda: plain.launch(x_a, b, c)),
-                             lambda: time_op(lambda: stamped.launch(x_a, b, c, buf)), a.rounds)
+    k_off, k_on = _interleaved_us(lambda: plain.launch(x_a, b, c, *op.tail[0]),
+                                  lambda: stamped.launch(x_a, b, c, *op.tail[0], buf), pairs=10 * a.rounds)
+    k_batch = _median_rounds(lambda: time_op(lambda: plain.launch(x_a, b, c, *op.tail[0])),
+                             lambda: time_op(lambda: stamped.launch(x_a, b, c, *op.tail[0], buf)), a.rounds)
 
     def fused_on():
         with tp.profile(None, mask="all", merge=False):

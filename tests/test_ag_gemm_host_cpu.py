@@ -224,6 +224,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
     op._arrived_at = [op.arrived.data_ptr() + 8 * i for i in range(W * chunks)]
     op._slot = op.a_full[rank * rows:(rank + 1) * rows]
     op.kernels_prof, op.tiles, op._last_a = None, [1, 1], None
+    op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail)
     op.kernel = SimpleNamespace(launch=lambda *t: log.ops.append(("GEMM", log.current, *[x.data_ptr() for x in t])))
     op.kernel_own = op.kernel
 
@@ -399,14 +400,20 @@ def test_the_gemm_takes_its_direct_entry():
 
     from tilescale.ops.direct_launch import argtypes_for, call_signature
 
-    for own, names in ((False, ("A", "B", "C", "arrived")), (True, ("A", "B", "C"))):
-        r = agm.ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16", own=own)   # tests/prebuild_cpu_tier.py
+    tail = ("work", "tail_arrived", "tail_fixed")
+    [(_, split)] = agm.kernels(512, 2752, 1024, 1, "float16")    # 44 tiles < 132 SMs, split in 3
+    assert agm.grid_plan(*split[:4], *split[6:9], split[-1], split[-2]).split == 3
+    for args, kw, names in (((1024, 512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived")),
+                            ((1024, 512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C")),
+                            (split, {}, ("A", "B", "C", *tail))):
+        r = agm.ag_gemm_kernel.build(*args, **kw)   # tests/prebuild_cpu_tier.py
         host = Path(r.library).with_suffix(".cu").read_text()
         types = argtypes_for(call_signature(host), names)
         assert types == [ctypes.c_void_p] * (len(names) + 1), host[host.find("int call("):][:400]
     src = inspect.getsource(agm.AGGemm.__init__)
-    assert 'self.build(fn, jobs[0][1], ("A", "B", "C"))' in src
-    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived"))' in src
+    assert 'self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0]))' in src
+    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1]))' in src
+    assert 'tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]' in src
 
 
 def test_the_cpu_harness_runs():

@@ -105,7 +105,7 @@ def test_bad_tables_are_refused(tmp_path):
 
 def assert_valid_entries(entries):
     """Each entry of a loaded table names a known op and ranks configs of which one runs on 2 ranks."""
-    for op, M, N, K, cfgs in entries:
+    for op, M, N, K, cfgs, _gpu in entries:
         assert op in gemm.OPS and cfgs, (op, M, N, K)
         assert all(isinstance(c, GemmConfig) for c in cfgs), (op, M, N, K)
         assert any(check(c, M, N, K, world_size=2, op=op) is None for c in cfgs), (op, M, N, K)
@@ -150,7 +150,8 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
                                           ("gemm_rs", 8192, 8192, 4096, [SMALL])])
     monkeypatch.setattr(gemm, "TUNING_FILE", t)
     own, peers = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))   # its two GEMMs: one config
-    assert own[6:] == (256, 128, 64, 3, 256, 4, False, True) and peers[6:] == (256, 128, 64, 3, 256, 4, False, False)
+    assert own[6:] == (256, 128, 64, 3, 256, 4, False, True, 0)     # ..., profile, own, SMs (0: no split at W > 1)
+    assert peers[6:] == (256, 128, 64, 3, 256, 4, False, False, 0)
     # the pull path (GEMM + reduction) follows the table's "gemm_rs" entries
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
@@ -217,6 +218,184 @@ def test_write_tuning_round_trip(tmp_path):
     assert gemm_config(8192, 2048, 8192, world_size=64, op="ag_gemm", table=out) == N192
     assert gemm_config(8192, 8192, 4096, world_size=2, op="gemm_rs", table=out) == SMALL
 
+# ------------------------------------------------------------- one table, several GPU models (entries' "gpu")
+H200, H100, A100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+def write_gpu_table(path: Path, entries) -> Path:
+    """A table of (gpu or None, op, M, N, K, configs) entries, in this order (None: no "gpu", any GPU)."""
+    path.write_text(json.dumps({"format": 1, "source": "test", "entries": [
+        {"op": op, **({"gpu": g} if g else {}), "M": M, "N": N, "K": K, "configs": [c.to_dict() for c in cfgs]}
+        for g, op, M, N, K, cfgs in entries]}))
+    return path
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """torch sees no GPU (as in CI), whatever this machine has."""
+    import torch
+
+    gemm._device_name.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    yield
+    gemm._device_name.cache_clear()
+
+
+def test_selection_prefers_the_current_gpus_entry(tmp_path):
+    t = write_gpu_table(tmp_path / "t.json", [(H200, "ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                              (H100, "ag_gemm", 8192, 2048, 8192, [N192]),
+                                              (H100, "ag_gemm", 4096, 7168, 8192, [SMALL]),
+                                              (H200, "ag_gemm", 8192, 7168, 8192, [DEFAULT])])
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H200) == BIG_M
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == N192
+    assert gemm_config(16384, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == N192   # nearest M
+    # this GPU's entry of the nearest M before another GPU's of the exact shape
+    assert gemm_config(8192, 7168, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == SMALL
+    assert gemm_config(8192, 7168, 8192, world_size=2, op="ag_gemm", table=t, gpu=H200) == DEFAULT
+
+
+def test_selection_falls_back_to_other_gpus_entries(tmp_path):
+    t = write_gpu_table(tmp_path / "t.json", [(A100, "ag_gemm", 8192, 2048, 8192, [N192]),
+                                              (H200, "ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                              (H200, "gemm_rs", 8192, 8192, 4096, [SMALL]),
+                                              (H100, "ag_gemm", 8192, 7168, 8192, [BIG_M]),
+                                              (H200, "ag_gemm", 8192, 7168, 8192, [N192])])
+    # no H100 entry of this N and K: the other GPUs' entries, the one listed first on a tie
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == N192
+    assert gemm_config(8192, 8192, 4096, world_size=2, op="gemm_rs", table=t, gpu=H100) == SMALL
+    assert gemm_config(16384, 8192, 4096, world_size=2, op="gemm_rs", table=t, gpu=H100) == SMALL   # nearest M
+    # an H100 entry whose configs cannot run it (8192 rows over 64 ranks: block_m 256 does not fit): the H200's
+    assert gemm_config(8192, 7168, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == BIG_M
+    assert gemm_config(8192, 7168, 8192, world_size=64, op="ag_gemm", table=t, gpu=H100) == N192
+    assert gemm_config(8192, 1024, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == DEFAULT   # no N, K
+
+
+def test_legacy_entries_match_any_gpu(tmp_path):
+    t = write_gpu_table(tmp_path / "t.json", [(H200, "ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                              (None, "ag_gemm", 8192, 2048, 8192, [N192]),
+                                              (H100, "ag_gemm", 4096, 2048, 8192, [SMALL])])
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=A100) == N192   # the untagged
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H200) == BIG_M  # own tag first
+    # an untagged entry of the exact shape counts as this GPU's: it beats the H100's nearest M
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == N192
+    assert gemm.load_table(t)[1][5] is None and gemm.load_table(t)[0][5] == H200
+
+
+def test_no_gpu_uses_every_entry_in_file_order(tmp_path, no_gpu):
+    assert gemm.current_gpu() is None
+    first = write_gpu_table(tmp_path / "a.json", [(H200, "ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                                  (H100, "ag_gemm", 8192, 2048, 8192, [N192]),
+                                                  (H100, "ag_gemm", 8192, 7168, 8192, [SMALL])])
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=first) == BIG_M
+    assert gemm_config(8192, 7168, 8192, world_size=2, op="ag_gemm", table=first) == SMALL   # H100's only
+    last = write_gpu_table(tmp_path / "b.json", [(H100, "ag_gemm", 8192, 2048, 8192, [N192]),
+                                                 (H200, "ag_gemm", 8192, 2048, 8192, [BIG_M])])
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=last) == N192
+
+
+def test_current_gpu_is_read_when_asked_and_cached_per_device(tmp_path, no_gpu, monkeypatch):
+    import torch
+
+    calls = []
+    names = {0: H100, 1: H200}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: calls.append(i) or names[i])
+    t = write_gpu_table(tmp_path / "t.json", [(H200, "ag_gemm", 8192, 2048, 8192, [BIG_M]),
+                                              (H100, "ag_gemm", 8192, 2048, 8192, [N192])])
+    device = 0
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t) == N192
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t) == N192
+    device = 1
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t) == BIG_M
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=t, gpu=H100) == N192   # given: taken
+    assert calls == [0, 1]                                                   # once per device index
+
+    def broken():
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(torch.cuda, "current_device", broken)
+    assert gemm.current_gpu() is None                                        # no error: as without a GPU
+
+
+def test_tuning_table_writes_the_sweeps_gpu():
+    sweep = {"gpu": H100, "date": "2026-12-01", "rows": [
+        _sweep_row("ag_gemm", 2, 8192, 2752, 4096, [(GemmConfig(128, 256, 64), 300.0), (DEFAULT, 310.0)]),
+        _sweep_row("gemm_rs", 2, 8192, 8192, 4096, [(SMALL, 300.0), (DEFAULT, 310.0)])]}
+    t = gemm.tuning_table(sweep)
+    assert [e["gpu"] for e in t["entries"]] == [H100, H100] and H100 in t["source"]
+    assert list(t["entries"][0])[:3] == ["op", "gpu", "M"]
+    del sweep["gpu"]
+    assert all("gpu" not in e for e in gemm.tuning_table(sweep)["entries"])   # no GPU named: any GPU
+
+
+def test_bad_gpu_is_refused(tmp_path):
+    p = tmp_path / "bad.json"
+    for bad in ("", "  ", 90, ["NVIDIA H200"]):
+        p.write_text(json.dumps({"format": 1, "entries": [
+            {"op": "ag_gemm", "gpu": H200, "M": 1, "N": 1, "K": 1, "configs": []},
+            {"op": "ag_gemm", "gpu": bad, "M": 1, "N": 1, "K": 1, "configs": []}]}))
+        with pytest.raises(ValueError, match=re.escape(f"{p}: entries[1].gpu: got {bad!r}, expected a non-empty")):
+            gemm.load_table(p)
+
+
+def test_shipped_table_names_its_gpu():
+    """Every entry of the shipped table names the GPU it was measured on (the first listed is what kernels
+    compiled without a GPU follow)."""
+    if not gemm.TUNING_FILE.exists():
+        pytest.skip("no shipped table")
+    data = json.loads(gemm.TUNING_FILE.read_text())
+    gpus = [e[5] for e in gemm.load_table()]
+    assert all(gpus) and gpus[0] == H200 and all(g in data["source"] for g in set(gpus))
+    assert gemm.TUNING_FILE.read_text() == json.dumps(data, indent=1) + "\n"   # the layout --write-tuning writes
+
+
+def test_write_tuning_merge_round_trip(tmp_path, capsys):
+    b = _sweep()
+
+    def sweep_file(name, gpu, date, ranked):
+        p = tmp_path / name
+        p.write_text(json.dumps({"gpu": gpu, "date": date, "rows": [
+            _sweep_row("ag_gemm", 2, 8192, 2048, 8192, ranked), _sweep_row("gemm_rs", 2, 8192, 8192, 4096, ranked)]}))
+        return str(p)
+
+    out = tmp_path / "tuning.json"
+    b.main(["--write-tuning", str(out), "--from", sweep_file("h200.json", H200, "2026-11-25",
+                                                               [(SMALL, 300.0), (DEFAULT, 310.0)])])
+    b.main(["--write-tuning", str(out), "--from", sweep_file("h100.json", H100, "2026-12-01",
+                                                               [(DEFAULT, 300.0), (SMALL, 310.0)]),
+            "--merge", str(out)])
+    assert f"4 entries: 2 of {H200}, 2 of {H100}" in capsys.readouterr().out
+    t = json.loads(out.read_text())
+    assert [e["gpu"] for e in t["entries"]] == [H200, H200, H100, H100]
+    assert t["source"].count("bench_gemm_configs.py on") == 2 and H200 in t["source"] and H100 in t["source"]
+    for gpu, cfg in ((H200, SMALL), (H100, DEFAULT), (A100, SMALL)):       # A100: none of its own, H200's first
+        assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=out, gpu=gpu) == cfg, gpu
+        assert gemm_config(8192, 8192, 4096, world_size=2, op="gemm_rs", table=out, gpu=gpu) == cfg, gpu
+    # a new sweep of a GPU already listed replaces its entries where they were
+    b.main(["--write-tuning", str(out), "--from", sweep_file("h200b.json", H200, "2026-12-02", [(DEFAULT, 1.0)]),
+            "--merge", str(out)])
+    t = json.loads(out.read_text())
+    assert [e["gpu"] for e in t["entries"]] == [H200, H200, H100, H100] and "2026-11-25" not in t["source"]
+    assert gemm_config(8192, 2048, 8192, world_size=2, op="ag_gemm", table=out, gpu=H200) == DEFAULT
+    # legacy entries (no gpu): kept for any GPU, or tagged with --legacy-gpu (then replaced if it is the sweep's)
+    legacy = write_table(tmp_path / "legacy.json", [("ag_gemm", 8192, 2048, 8192, [BIG_M])])
+    h100 = sweep_file("h100b.json", H100, "2026-12-03", [(SMALL, 1.0)])
+    b.main(["--write-tuning", str(out), "--from", h100, "--merge", str(legacy)])
+    assert "3 entries: 1 of any GPU, 2 of NVIDIA H100" in capsys.readouterr().out
+    assert "gpu" not in json.loads(out.read_text())["entries"][0]
+    b.main(["--write-tuning", str(out), "--from", h100, "--merge", str(legacy), "--legacy-gpu", H200])
+    assert [e["gpu"] for e in json.loads(out.read_text())["entries"]] == [H200, H100, H100]
+    b.main(["--write-tuning", str(out), "--from", h100, "--merge", str(legacy), "--legacy-gpu", H100])
+    assert [e["gpu"] for e in json.loads(out.read_text())["entries"]] == [H100, H100]
+    with pytest.raises(SystemExit):
+        b.main(["--write-tuning", str(out), "--from", h100, "--legacy-gpu", H200])   # --legacy-gpu needs --merge
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": 1, "entries": [{"op": "ag_gemm", "gpu": "", "M": 1, "N": 1, "K": 1,
+                                                          "configs": []}]}))
+    with pytest.raises(ValueError, match=re.escape(f"{bad}: entries[0].gpu")):
+        b.main(["--write-tuning", str(out), "--from", h100, "--merge", str(bad)])
+
 
 # --------------------------------------------------------------------- builds for sm_90a (no GPU)
 def build_jobs() -> dict:
@@ -226,13 +405,16 @@ def build_jobs() -> dict:
     from tilescale.toolchain import stub_libcuda_dir
 
     b = _sweep()
-    _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M)   # the GEMM of the others' rows
+    _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M, sms=0)   # the others' rows, 2-D
+    split = (allgather_gemm.ag_gemm_kernel,                  # own rows at W = 2 (352 tiles), split on 132 SMs
+             (8192, 2752, 1024, 2, 4, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
     [push] = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="push")
     _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))
     return {
         "ag_gemm": ag,
+        "ag_gemm_split": split,
         "gemm_rs": push,
         "gemm_rs_reduce": red,
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
@@ -257,6 +439,43 @@ def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source
+
+
+def test_split_plan_splits_only_a_short_last_wave():
+    from tilescale.ops.gemm import SplitPlan, split_plan
+
+    p = split_plan(704, 132, 64)                  # 8192x2752 in 128x256 tiles: 5 waves + 44 tiles
+    assert p == SplitPlan(704, 660, 3) and p.tail == 44 and p.blocks == 660 + 132
+    assert split_plan(352, 132, 64) == SplitPlan(352, 264, 3)
+    assert split_plan(88, 132, 16) == SplitPlan(88, 0, 3)        # less than a wave: every tile split
+    assert split_plan(528, 132, 64).split == 1                   # whole waves: nothing to split
+    assert split_plan(1792, 132, 128).split == 1                 # 76 tail tiles of 14 waves: not worth it (run 24)
+    assert split_plan(3584, 132, 128).split == 1                 # 20 of 28 waves: gains < 2%
+    assert split_plan(704, 132, 8).split == 2 and split_plan(704, 132, 7).split == 1   # 4 K tiles per slice at least
+    assert split_plan(704, 132, 64, min_gain=0.5).split == 1
+    with pytest.raises(ValueError, match="tiles=0"):
+        split_plan(0, 132, 64)
+
+
+def test_ag_gemm_splits_its_tail_in_the_kernel(gemm_builds):
+    """The split GEMM of AG+GEMM (own rows at W = 2): a 1-D grid of 264 whole tiles + 88 x 3 slices; slices count
+    their partial sums (release at GPU scope), the last slice waits for this call's count, stores, counts the call."""
+    from tilescale.ops import allgather_gemm as agm
+
+    assert agm.grid_plan(8192, 2752, 1024, 2, 128, 256, 64, 132, True).blocks == 264 + 88 * 3   # the build below
+    assert all(a[-1] == 0 for _, a in agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT))  # W > 1: plain
+    [(_, ws1)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT)
+    assert agm.grid_plan(*ws1[:4], *ws1[6:9], ws1[-1], ws1[-2]).blocks == 660 + 44 * 3
+    [(_, plain)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT, sms=0)
+    assert agm.grid_plan(*plain[:4], *plain[6:9], plain[-1], plain[-2]).split == 1
+    src = gemm_builds["ag_gemm_split"].source
+    assert "rasterization2D" not in src and "660 <= ((int)blockIdx.x)" not in src
+    assert "(264 <= ((int)blockIdx.x))" in src                                  # the tail's blocks
+    assert "tilescale::release_stores<1" in src                                 # slices: counted at GPU scope
+    wait = src.index("tilescale::wait_until<unsigned long long>((&(tail_arrived")
+    assert src.index("tilescale::release_stores<1") < wait
+    assert "* (uint64_t)16)" in src                                             # (fixed + 1) x 2 slices x 8 warps
+    assert wait < src.rindex("tl::tma_store(") < src.index("] = (tail_fixed[")   # counted after the tile's store
 
 
 def test_sweep_kernel_builds_with_the_signal_epilogue(gemm_builds):
@@ -292,6 +511,25 @@ def test_fused_ops_with_non_default_configs_on_gpus(nranks):
     testing.skip_unless_ranks(nranks)
     proc = testing.launch(REPO / "tests" / "gpu" / "gemm_configs_main.py", nranks, timeout=400)
     testing.assert_all_ranks_ok(proc, nranks, marker="OK: fused ops with 7 non-default configs")
+
+
+@pytest.mark.gpu
+def test_ag_gemm_with_a_split_tail_on_one_gpu():
+    from tilescale import testing
+
+    testing.skip_unless_ranks(1)
+    proc = testing.launch(REPO / "tests" / "gpu" / "ag_gemm_split_main.py", 1, timeout=300)
+    testing.assert_all_ranks_ok(proc, 1, marker="OK: AG+GEMM on a split-tail shape")
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_ag_gemm_with_a_split_tail_on_gpus(nranks):
+    from tilescale import testing
+
+    testing.skip_unless_ranks(nranks)
+    proc = testing.launch(REPO / "tests" / "gpu" / "ag_gemm_split_main.py", nranks, timeout=400)
+    testing.assert_all_ranks_ok(proc, nranks, marker="OK: AG+GEMM on a split-tail shape")
 
 
 def test_persistent_kernel_counts_each_tile_before_the_next_store():

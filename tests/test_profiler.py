@@ -1033,7 +1033,9 @@ def test_bench_prebuilds_both_gemms_plain_and_stamped(W):
     jobs, _ = _bench()._jobs(4096, 1024, 2048, W)
     gemms = [args for fn, args in jobs if fn is ag_gemm_kernel]
     own = [True, True, False, False][:2 if W == 1 else 4]
-    assert [a[-1] for a in gemms] == own and [a[-2] for a in gemms] == [False, True] * (len(own) // 2)
+    # args end with (profile, own, sms)
+    assert [a[-2] for a in gemms] == own and [a[-3] for a in gemms] == [False, True] * (len(own) // 2)
+    assert {a[-1] for a in gemms} == ({132} if W == 1 else {0})   # the split tail: world size 1 only
 
 
 def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):

@@ -57,18 +57,83 @@ import tilescale.language as T
 
 from ..profiler import session as profiling
 from ..profiler.device_timeline import TILE_WORDS
-from . import checks, op_cache
+from . import checks, op_cache, vectors
 from . import stream_ops as so
 from .base import Op
-from .gemm import GemmConfig, check_problem, padded_rows, problem_config, tile_buffers, tile_loop
+from .gemm import (
+    GemmConfig,
+    SplitPlan,
+    check_problem,
+    padded_rows,
+    problem_config,
+    split_block,
+    split_buffers,
+    split_plan,
+    split_tile_loop,
+    split_workspace,
+    tile_buffers,
+    tile_loop,
+    tile_order,
+)
 
 __all__ = ["AGGemm", "ag_gemm"]
+
+
+@T.macro
+def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, *, M: int, W: int, chunks: int,
+             stages: int, threads: int, profile: bool, own: bool):
+    """One block of :func:`ag_gemm_kernel`: the tile (`by`: row of the kernel's grid, `bx`: column), its chunk's
+    wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `split`: None (the whole tile), or (work, arrived, fixed,
+    tile, slice, first K tile, K tiles, plan) of a split grid (tilescale.ops.gemm.split_tile_loop)."""
+    block_m = As.shape[0]
+    tiles_m = M // block_m
+    tiles_per_rank = tiles_m // W
+    rows_per_chunk = (M // W) // chunks
+    me = T.get_rank()
+    if own:
+        rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
+        src, chunk = me, by * block_m // rows_per_chunk
+    else:
+        rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...
+        src = rb // tiles_per_rank
+        chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
+    if profile:
+        if T.get_thread_binding() == 0:
+            prof[slot * TILE_WORDS] = T.timestamp()
+    if not own:
+        T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
+    if profile:
+        if T.get_thread_binding() == 0:
+            prof[slot * TILE_WORDS + 1] = T.timestamp()
+            for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
+                prof[slot * TILE_WORDS + 3 + i] = T.cast(v, "uint64")
+    if split is None:
+        tile_loop(A, B, C, As, Bs, Cl, Cs, by if own else rb, bx, stages, False, c_rb=rb)
+    else:
+        work, tail_arrived, tail_fixed, t, s, k0, kn, plan = split
+        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, by if own else rb, bx, t, s, k0, kn,
+                        plan, stages, threads // 32, c_rb=rb)
+    if profile:
+        if T.get_thread_binding() == 0:
+            prof[slot * TILE_WORDS + 2] = T.timestamp()
+
+
+def grid_plan(M: int, N: int, K: int, world_size: int, block_m: int, block_n: int, block_k: int, sms: int,
+              own: bool) -> SplitPlan:
+    """The :class:`~tilescale.ops.gemm.SplitPlan` of one of :class:`AGGemm`'s GEMMs (`own`: its own rows) on `sms`
+    SMs; ``sms=0``: no split (the plain 2-D grid)."""
+    tiles_n = -(-N // block_n)
+    rows = M // world_size if own else M - M // world_size
+    tiles = rows // block_m * tiles_n
+    if sms <= 0:
+        return SplitPlan(tiles, tiles, 1)
+    return split_plan(tiles, sms, -(-K // block_k))
 
 
 @tilescale.jit
 def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
                    block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                   swizzle: int = 10, profile: bool = False, own: bool = False):
+                   swizzle: int = 10, profile: bool = False, own: bool = False, sms: int = 0):
     """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (M x N):
 
     - `own`: this rank's rows, ``C[me * rows:(me + 1) * rows] = A @ B`` with `A` its shard (M / W rows) as the
@@ -76,55 +141,53 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     - else: the other ranks' rows, in the order they arrive (rank+1's, rank+2's, ...), `A` the gathered buffer (M
       rows); a tile first waits for its chunk's ``arrived`` flag (step 5). Its parameters are (A, B, C, arrived).
 
-    `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per tile of the grid) where thread 0 of
-    each tile writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
+    `sms` (the GPU's SM count; 0: never): when :func:`grid_plan` splits the last wave's tiles along K
+    (tilescale.ops.gemm.split_tile_loop), the grid is 1-D in the same tile order and the kernel takes three more
+    parameters, ``work, tail_arrived, tail_fixed`` (tilescale.ops.gemm.split_workspace), before `prof`.
+
+    `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per block of the grid) where thread 0 of
+    each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
     and end timestamps, SM, source rank, chunk, row and column tile); `profile=False` generates the same
     code as a kernel without the option (tests/test_profiler.py checks it against a snapshot)."""
     W = world_size
     tiles_m = M // block_m
     tiles_per_rank = tiles_m // W
-    rows_per_chunk = (M // W) // chunks
     tiles_n = (N + block_n - 1) // block_n
     grid_m = tiles_per_rank if own else tiles_m - tiles_per_rank
-    Prof = T.Tensor((grid_m * tiles_n * TILE_WORDS,), "uint64") if profile else None
+    plan = grid_plan(M, N, K, W, block_m, block_n, block_k, sms, own)
+    k_tiles = -(-K // block_k)
+    split = plan.split > 1
+    Work, TailArrived, TailFixed = split_buffers(plan, block_m, block_n) if split else (None, None, None)
+    Prof = T.Tensor((plan.blocks * TILE_WORDS,), "uint64") if profile else None
     Arrived = None if own else T.Tensor((W * chunks,), "uint64")
+    opts = dict(M=M, W=W, chunks=chunks, stages=stages, threads=threads, profile=profile, own=own)
 
     @T.prim_func
     def ag_gemm(A: T.Tensor((M // W if own else M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: Arrived, prof: Prof):
-        with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
-            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-            me = T.get_rank()
-            if own:
-                rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
-                src, chunk = me, by * block_m // rows_per_chunk
-            else:
-                rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...
-                src = rb // tiles_per_rank
-                chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
-            if profile:
-                slot = (by * tiles_n + bx) * TILE_WORDS
-                if T.get_thread_binding() == 0:
-                    prof[slot] = T.timestamp()
-            if not own:
-                T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
-            if profile:
-                if T.get_thread_binding() == 0:
-                    prof[slot + 1] = T.timestamp()
-                    for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
-                        prof[slot + 3 + i] = T.cast(v, "uint64")
-            tile_loop(A, B, C, As, Bs, Cl, Cs, by if own else rb, bx, stages, False, c_rb=rb)
-            if profile:
-                if T.get_thread_binding() == 0:
-                    prof[slot + 2] = T.timestamp()
+                arrived: Arrived, work: Work, tail_arrived: TailArrived, tail_fixed: TailFixed, prof: Prof):
+        if split:
+            with T.Kernel(plan.blocks, threads=threads) as b:
+                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, 0)
+                t, s, k0, kn = split_block(b, plan, k_tiles)
+                by, bx = tile_order(t, grid_m, tiles_n, swizzle)
+                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, b,
+                         (work, tail_arrived, tail_fixed, t, s, k0, kn, plan), **opts)
+        else:
+            with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
+                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, by * tiles_n + bx, None, **opts)
 
     return ag_gemm
 
 
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
-            config: GemmConfig | None = None) -> list:
+            config: GemmConfig | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
-    then (world size > 1) the GEMM of the other ranks' rows."""
+    then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (the last wave's split).
+
+    The split of the last wave (:func:`grid_plan`) is used at world size 1 only: with 2 and 4 ranks sharing one H100
+    the op's first call failed ("unspecified launch failure", no wait timed out; run 24, cause not found), so the
+    GEMMs of a multi-rank op keep the plain grid until that is understood."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
@@ -133,7 +196,7 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
             cfg.swizzle, False)
     parts = (True, False) if world_size > 1 else (True,)
-    return [(ag_gemm_kernel, (*args, own)) for own in parts]
+    return [(ag_gemm_kernel, (*args, own, sms if world_size == 1 else 0)) for own in parts]
 
 
 class AGGemm(Op):
@@ -163,20 +226,27 @@ class AGGemm(Op):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
-            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config)
+            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
         W, (fn, self.args) = self.world_size, jobs[-1]
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
         self.chunks = self.args[4]
         self._last_a = None       # world size 1: the a_local of the last call (gathered())
-        # the GEMM of my rows (step 1), and of the others' (step 5; world size > 1)
-        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C"))
-        self.kernel, self._direct = self.build(fn, self.args, ("A", "B", "C", "arrived")) if W > 1 else (None, None)
+        # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1); a split one takes
+        # its workspace after its other arguments (`_tail[i]`, () when not split)
+        self.plans = [grid_plan(M, N, K, W, *a[6:9], a[-1], a[-2]) for _, a in jobs]
+        self.tail = [split_workspace(p, *a[6:8], device=self.rt.device) if p.split > 1 else ()
+                      for p, (_, a) in zip(self.plans, jobs, strict=True)]
+        tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]
+        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0]))
+        self.kernel, self._direct = (self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1])) if W > 1
+                                     else (None, None))
+        self._tail_ptrs = [tuple(t.data_ptr() for t in ws) for ws in self.tail]
         self.launch_path = "direct" if self._direct_own is not None else "tilelang"  # how __call__ launches
-        # the same kernels with timestamps (profile: the last two args are profile and own), and their tiles
-        self.kernels_prof = [fn(*a[:-2], profile=True, own=a[-1]).prepare() for _, a in jobs] if profile else None
-        tiles_n = -(-N // self.args[7])
-        self.tiles = [self.rows // self.args[6] * tiles_n, (M - self.rows) // self.args[6] * tiles_n]
+        # the same kernels with timestamps (args: ..., profile, own, sms), and their blocks (one record each)
+        self.kernels_prof = ([fn(*a[:-3], profile=True, own=a[-2], sms=a[-1]).prepare() for _, a in jobs] if profile
+                             else None)
+        self.tiles = [p.blocks for p in self.plans] + [0] * (2 - len(self.plans))
         if W == 1:
             return
         self.a_full = self.symmetric((M, K), dtype)
@@ -330,16 +400,17 @@ class AGGemm(Op):
         """Step 1: the GEMM of my rows, through its C entry point (raw pointers, the stream last) or tilelang."""
         direct = self._direct_own
         if direct is None:
-            self.kernel_own.launch(a, b, c)
-        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), m):
+            self.kernel_own.launch(a, b, c, *self.tail[0])
+        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *self._tail_ptrs[0], m):
             raise self.launch_error(direct)
 
     def _gemm_peers(self, b, c, m) -> None:
         """Step 5: the GEMM of the other ranks' rows, as :meth:`_gemm_own`."""
         direct = self._direct
         if direct is None:
-            self.kernel.launch(self.a_full, b, c, self.arrived)
-        elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), m):
+            self.kernel.launch(self.a_full, b, c, self.arrived, *self.tail[1])
+        elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), *self._tail_ptrs[1],
+                       m):
             raise self.launch_error(direct)
 
     def __call__(self, a_local, b, out=None):
@@ -394,7 +465,7 @@ class AGGemm(Op):
         prof = self.kernels_prof or [None, None]
         if W == 1:                                                           # 1 alone
             self._last_a = a_local
-            gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c), True)
+            gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c, *self.tail[0]), True)
             return c
         a_full = self.a_full
         peers = [(r + j) % W for j in range(1, W)]
@@ -412,7 +483,8 @@ class AGGemm(Op):
         for q in peers:
             self._signal(h2, "ready", q)
         self._copied.record(s2)
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c), False)   # 1
+        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c, *self.tail[0]),
+             False)   # 1
         main.wait_event(self._copied)                                        # 3
         for q in peers:
             shim.ts_stream_wait_geq_u64(m, self._ready_here[q], 1)
@@ -438,7 +510,7 @@ class AGGemm(Op):
                     if rec is not None:
                         rec.copy_done(s, src, ch, a_full[rows].nbytes)
                 self._signal(h, "freed", src)
-        gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived), True)              # 5
+        gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
         for j, s in enumerate(self.streams):                                 # 6
             self._joins[j].record(s)
             main.wait_event(self._joins[j])

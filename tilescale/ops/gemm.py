@@ -6,10 +6,16 @@ block computes, what it waits for before (gathered rows: a wait per chunk) and w
 (partials: a completion count). The tile configuration is chosen per problem by :func:`gemm_config`:
 
 1. the tuning table ``gemm_tuning.json`` next to this file (written by
-   ``benchmarks/bench_gemm_configs.py --write-tuning``): per measured GEMM shape (and op), the configs
-   ranked by measured time; the first one that the op can run (:func:`check`) wins;
-2. for a shape it does not list: the entry of the same op with the same N and K and the nearest M;
-3. else (or when no listed config can run) :data:`DEFAULT`, 128x256x64, 3 stages, 256 threads:
+   ``benchmarks/bench_gemm_configs.py --write-tuning``): per measured GEMM shape (and op) and GPU model
+   (an entry's ``gpu``: ``torch.cuda.get_device_name()`` of the sweep; an entry without one matches any
+   GPU), the configs ranked by measured time. Among the entries of this process's GPU, the exact shape's
+   first config that the op can run (:func:`check`) wins;
+2. for a shape they do not list: the entry of the same op with the same N and K and the nearest M;
+3. when this GPU's entries give nothing by 1-2 (a GPU never swept, or a shape swept on other GPUs only):
+   rules 1-2 over the entries of every GPU, ties going to the GPU listed first in the file. Without a
+   visible GPU (CI, compile-only builds) this is the only step: kernels compiled there follow the first
+   GPU's entries (in the shipped table, the H200's);
+4. else (or when no listed config can run) :data:`DEFAULT`, 128x256x64, 3 stages, 256 threads:
    681-695 TFLOP/s on H200 for bf16 8192^3.
 
 Shapes that are not multiples of the tile are fine for the GEMM itself (the grid rounds up, TMA clips the
@@ -81,15 +87,16 @@ def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: 
 
 
 @T.macro
-def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int):
+def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None):
     """``Cl = A[rb, :] @ B[:, bx]`` in the accumulator, for tiles of (block_m, block_n) given by the buffers of
-    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma."""
+    :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma. `k_first`,
+    `k_count` (K tiles of block_k; None: all): one slice of K instead (:func:`split_tile_loop`)."""
     block_m, block_k = As.shape
     block_n = Bs.shape[1]
     T.clear(Cl)
-    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k), num_stages=stages):
-        T.copy(A[rb * block_m, ko * block_k], As)
-        T.copy(B[ko * block_k, bx * block_n], Bs)
+    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k) if k_count is None else k_count, num_stages=stages):
+        T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
+        T.copy(B[(k_first + ko) * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
 
 
@@ -102,6 +109,135 @@ def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c
     main_loop(A, B, As, Bs, Cl, rb, bx, stages)
     T.copy(Cl, Cs)
     T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n], disable_tma=disable_tma)
+
+
+# ---------------------------------------------------------------- the last wave's tiles split along K
+# A grid of T tiles on S SMs runs ceil(T / S) waves, the last one partly empty: 8192x2752 in 128x256 tiles is 704
+# tiles, 5.33 waves on 132 SMs, so the sixth wave runs 44 tiles on a third of the GPU for a whole tile's time. Split
+# those tail tiles along K into `split` slices each (44 x 3 = 132 blocks, one wave of a third of the time): slices
+# 0 .. split-2 of a tile add their fp32 partial sums to a workspace and count them; its last slice waits for the
+# count, adds the partial sums to its own in slice order (the same bits every call) and stores the tile.
+SPLIT_COST = 0.08     # a slice's time beyond its share of K, in tile times (its prologue, epilogue and fix-up)
+SPLIT_PENALTY = 0.025  # a split grid's time beyond the plain grid's, all tiles alike (run 24: 1-D grid, 1-3%)
+SPLIT_MIN_GAIN = 0.02  # split only when the model says the kernel gets at least this much faster
+SPLIT_MAX = 8
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a grid of `tiles` tiles runs on `sms` SMs: tiles ``0 .. full - 1`` whole, one block each; each of the
+    ``tiles - full`` tail tiles as `split` blocks, one per slice of K (split 1: no tail split, a plain grid)."""
+
+    tiles: int
+    full: int
+    split: int
+
+    @property
+    def tail(self) -> int:
+        return self.tiles - self.full
+
+    @property
+    def blocks(self) -> int:
+        return self.full + self.tail * self.split
+
+
+def split_plan(tiles: int, sms: int, k_tiles: int, *, min_gain: float = SPLIT_MIN_GAIN) -> SplitPlan:
+    """Whether and how to split the last wave of a grid of `tiles` tiles (each `k_tiles` K tiles long) on `sms`
+    SMs. The model, in tile times: the plain grid takes ceil(tiles / sms) waves; a split one
+    ``(full waves + ceil(tail x split / sms) x (1 / split + SPLIT_COST)) x (1 + SPLIT_PENALTY)``; the best split
+    (2 .. SPLIT_MAX, each slice at least 4 K tiles) is taken when it saves at least `min_gain` of the plain
+    grid's time (run 24, 1 x H100: 8192x2752x4096 in 128x256 tiles, 44 tail tiles in 3 slices, 0.92 -> 0.96 of
+    cuBLAS; tails of 76 tiles in 3 or 20 in 6, which the model refuses, gained -2% to +1%)."""
+    if min(tiles, sms, k_tiles) < 1:
+        raise ValueError(f"split_plan: tiles={tiles}, sms={sms}, k_tiles={k_tiles}: expected positive ints")
+    waves, tail = divmod(tiles, sms)
+    plain = waves + (tail > 0)
+    best, best_split = float(plain), 1
+    for s in range(2, SPLIT_MAX + 1):
+        if k_tiles < 4 * s:
+            break
+        t = (waves + math.ceil(tail * s / sms) * (1.0 / s + SPLIT_COST)) * (1.0 + SPLIT_PENALTY)
+        if t < best:
+            best, best_split = t, s
+    if tail == 0 or best_split == 1 or best > plain * (1.0 - min_gain):
+        return SplitPlan(tiles, tiles, 1)
+    return SplitPlan(tiles, tiles - tail, best_split)
+
+
+def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
+    """(row, column) of tiles of the `t`-th tile in the order :func:`tile_buffers` launches blocks: panels of
+    `swizzle` rows of tiles (the last panel: the rows left), column by column inside a panel, odd panels from the
+    last column back (tilelang's ``T.use_swizzle``, row rasterisation); `swizzle` 0: row by row. For 1-D grids
+    (persistent and split kernels), which launch tiles in the same order as the plain 2-D grid."""
+    if swizzle <= 0:
+        return t // tiles_n, t % tiles_n
+    group = swizzle * tiles_n
+    panel = t // group
+    rows = T.min(swizzle, tiles_m - panel * swizzle)
+    r = t % group
+    col = r // rows
+    return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
+
+
+def split_block(b, plan: SplitPlan, k_tiles: int):
+    """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions)."""
+    tail = b >= plan.full
+    s = T.if_then_else(tail, (b - plan.full) % plan.split, 0)
+    t = T.if_then_else(tail, plan.full + (b - plan.full) // plan.split, b)
+    k0 = s * k_tiles // plan.split
+    return t, s, T.if_then_else(tail, k0, 0), T.if_then_else(tail, (s + 1) * k_tiles // plan.split - k0, k_tiles)
+
+
+def split_buffers(plan: SplitPlan, block_m: int, block_n: int):
+    """The kernel parameters of a split grid's fix-up: `work` (fp32 partial sums: ``tail x (split - 1)`` tiles
+    of (block_m, block_n), rows after rows) and `arrived`, `fixed` (uint64, one word per tail tile: the slices'
+    counts, and how many calls' tails were fixed up; both zero before the first call, then kept by the kernel).
+    tilescale.ops.gemm.split_workspace makes them."""
+    tail = max(plan.tail, 1)
+    return (T.Tensor((tail * max(plan.split - 1, 1) * block_m, block_n), "float32"),
+            T.Tensor((tail,), "uint64"), T.Tensor((tail,), "uint64"))
+
+
+def split_workspace(plan: SplitPlan, block_m: int, block_n: int, device=None) -> tuple:
+    """torch tensors for :func:`split_buffers`' parameters (arrived and fixed zeroed)."""
+    import torch
+
+    tail = max(plan.tail, 1)
+    return (torch.empty(tail * max(plan.split - 1, 1) * block_m, block_n, dtype=torch.float32, device=device),
+            torch.zeros(tail, dtype=torch.uint64, device=device), torch.zeros(tail, dtype=torch.uint64, device=device))
+
+
+@T.macro
+def split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, arrived, fixed, rb, bx, t, s, k0, kn, plan: SplitPlan,
+                    stages: int, warps: int, c_rb=None):
+    """:func:`tile_loop` for block (tile `t`, slice `s`, K tiles ``k0 .. k0 + kn``) of a :class:`SplitPlan`'s grid.
+    A whole tile (t < full): as tile_loop. A tail tile's slices, its signal protocol:
+
+    1. slice s < split - 1: its partial sum (fp32, from the registers) into its rows of `work`; each consumer
+       warp then adds 1 to ``arrived[tail tile]``, a release at GPU scope (``T.release_stores``);
+    2. the last slice: waits until ``arrived >= (fixed + 1) x (split - 1) x warps`` (every call adds that much),
+       adds the other slices' partial sums to its own in slice order, stores the tile as tile_loop does;
+    3. thread 0 of the last slice then sets ``fixed += 1``, after the tile's store has been issued, when every
+       consumer thread of the block has passed step 2's wait (the store follows a barrier of all of them).
+
+    torch: ``C[tile] = sum(A[rows, k_slice] @ B[k_slice, cols] for k_slice in slices)`` (fp32, slice order)."""
+    block_m, block_n = Cs.shape
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages, k0, kn)
+    i = t - plan.full
+    if t >= plan.full and s < plan.split - 1:
+        T.copy(Cl, work[(i * (plan.split - 1) + s) * block_m, 0])
+        T.release_stores(arrived[i], 1, scope="gpu")
+    else:
+        if t >= plan.full:
+            T.wait_until(arrived[i], cmp="ge", value=(fixed[i] + 1) * ((plan.split - 1) * warps))
+            for j in T.serial(plan.split - 1):
+                for y, x in T.Parallel(block_m, block_n):
+                    Cl[y, x] += work[(i * (plan.split - 1) + j) * block_m + y, x]
+        T.copy(Cl, Cs)
+        T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n])
+        if t >= plan.full:
+            if T.get_thread_binding() == 0:
+                fixed[i] = fixed[i] + 1
 
 
 def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
@@ -155,14 +291,19 @@ def _load(path: str, mtime_ns: int) -> tuple:
     if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(data.get("entries"), list):
         raise ValueError(f"{path}: not a GEMM tuning table (expected {{'format': 1, 'entries': [...]}})")
     entries = []
-    for e in data["entries"]:
+    for i, e in enumerate(data["entries"]):
+        gpu = e.get("gpu")
+        if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+            raise ValueError(f"{path}: entries[{i}].gpu: got {gpu!r}, expected a non-empty string "
+                             "(torch.cuda.get_device_name() of the sweep) or no 'gpu' (any GPU)")
         cfgs = tuple(GemmConfig.from_dict(c) for c in e["configs"])
-        entries.append((e.get("op"), int(e["M"]), int(e["N"]), int(e["K"]), cfgs))
+        entries.append((e.get("op"), int(e["M"]), int(e["N"]), int(e["K"]), cfgs, gpu))
     return tuple(entries)
 
 
 def load_table(path=None) -> tuple:
-    """Entries (op, M, N, K, ranked configs) of a tuning table; () when the file does not exist."""
+    """Entries (op, M, N, K, ranked configs, gpu) of a tuning table, in file order (gpu None: an entry of any
+    GPU); () when the file does not exist."""
     p = str(path or TUNING_FILE)
     try:
         mtime = os.stat(p).st_mtime_ns
@@ -175,22 +316,65 @@ def _first_valid(cfgs, M, N, K, world_size, op):
     return next((c for c in cfgs if check(c, M, N, K, world_size=world_size, op=op) is None), None)
 
 
-def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None, table=None) -> GemmConfig:
-    """The tile configuration for an (M, N, K) GEMM run by `op` on `world_size` ranks (see the module
-    docstring for the rule). `table`: a tuning-table path instead of the shipped one."""
-    entries = load_table(table)
+@functools.lru_cache(maxsize=16)
+def _device_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def current_gpu() -> str | None:
+    """``torch.cuda.get_device_name()`` of this process's CUDA device, read when called (cached per device
+    index); None when torch is missing or sees no GPU (CI, compile-only builds), never an error."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return _device_name(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _gpu_ranks(entries, gpu: str | None) -> dict:
+    """Preference among the entries' ``gpu`` values (lower first): with `gpu` given, its own entries, then
+    those of any GPU (no ``gpu``), then the other GPUs in file order; with None, every value in file order."""
+    order = [gpu, None] if gpu is not None else []
+    for e in entries:
+        if e[5] not in order:
+            order.append(e[5])
+    return {g: i for i, g in enumerate(order)}
+
+
+def _select(entries, ranks: dict, M, N, K, world_size, op) -> GemmConfig | None:
+    """Rules 1-2 of the module docstring over `entries`: the exact shape's first config the op can run, else
+    the same op's with the same N and K and the nearest M; ties to this op's entries, then to the lower
+    rank of `ranks` (by ``gpu``). None when none of them gives a config."""
     same_op = [e for e in entries if e[0] in (op, None)] if op is not None else list(entries)
-    for e in sorted(same_op, key=lambda e: e[0] != op):      # exact shape, this op's entry first
-        if (e[1], e[2], e[3]) == (M, N, K):
-            c = _first_valid(e[4], M, N, K, world_size, op)
-            if c is not None:
-                return c
+    exact = [e for e in same_op if (e[1], e[2], e[3]) == (M, N, K)]
     near = [e for e in same_op if (e[2], e[3]) == (N, K)]
-    for e in sorted(near, key=lambda e: (abs(math.log2(e[1]) - math.log2(max(M, 1))), e[0] != op)):
+    for e in (sorted(exact, key=lambda e: (e[0] != op, ranks[e[5]])) +
+              sorted(near, key=lambda e: (abs(math.log2(e[1]) - math.log2(max(M, 1))), e[0] != op, ranks[e[5]]))):
         c = _first_valid(e[4], M, N, K, world_size, op)
         if c is not None:
             return c
-    return DEFAULT
+    return None
+
+
+def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None, table=None,
+                gpu: str | None = None) -> GemmConfig:
+    """The tile configuration for an (M, N, K) GEMM run by `op` on `world_size` ranks (see the module
+    docstring for the rule). `table`: a tuning-table path instead of the shipped one. `gpu`: the GPU model
+    whose entries come first (``torch.cuda.get_device_name()``); None: this process's GPU
+    (:func:`current_gpu`), or, without one, every GPU's entries in file order."""
+    entries = load_table(table)
+    gpu = gpu if gpu is not None else current_gpu()
+    if gpu is not None:                                      # rules 1-2 over this GPU's (and untagged) entries
+        c = _select([e for e in entries if e[5] in (gpu, None)], _gpu_ranks(entries, gpu), M, N, K, world_size, op)
+        if c is not None:
+            return c
+    c = _select(entries, _gpu_ranks(entries, None), M, N, K, world_size, op)   # rule 3: every GPU, file order
+    return DEFAULT if c is None else c
 
 
 def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
@@ -209,7 +393,9 @@ def tuning_table(sweep: dict, keep: int = 6) -> dict:
     """The tuning table (:data:`TUNING_FILE`'s format) of a sweep's JSON (benchmarks/bench_gemm_configs.py):
     per (op, M, N, K), the configs in order of measured time (at most `keep`, the default config always
     kept if it was timed, so that a shape never gets something slower than the default); per-W constraints
-    are applied at selection."""
+    are applied at selection. Every entry carries the sweep's ``gpu`` (none when the sweep names none: an
+    entry of any GPU); the table's ``source`` names the GPU and date."""
+    gpu = sweep.get("gpu")
     entries = {}
     for r in sweep["rows"]:
         key = (r["op"], r["M"], r["N"], r["K"])
@@ -217,9 +403,31 @@ def tuning_table(sweep: dict, keep: int = 6) -> dict:
             continue   # the same GEMM at another W: the ranking is the same (constraints differ, not times)
         ranked = r["ranked"]
         top = ranked[:keep] + [x for x in ranked[keep:] if x["config"] == DEFAULT.to_dict()]
-        entries[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], configs=[x["config"] for x in top],
-                            tflops=[round(x["tflops"], 1) for x in top], cublas_tflops=round(r["cublas_tflops"], 1))
+        entries[key] = dict(op=r["op"], **({"gpu": gpu} if gpu else {}), M=r["M"], N=r["N"], K=r["K"],
+                            configs=[x["config"] for x in top], tflops=[round(x["tflops"], 1) for x in top],
+                            cublas_tflops=round(r["cublas_tflops"], 1))
     # configs that did not fit some W (e.g. block_m 256 when M / W is not a multiple) stay listed: the
     # selection skips them for that W and takes the next one
-    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {sweep.get('gpu', '?')}, "
-                                 f"{sweep.get('date', '?')}", entries=list(entries.values()))
+    return dict(format=1, source=f"benchmarks/bench_gemm_configs.py on {gpu or '?'}, {sweep.get('date', '?')}",
+                entries=list(entries.values()))
+
+
+def merge_tables(old: dict, new: dict, legacy_gpu: str | None = None) -> dict:
+    """`old` tuning table with the entries of `new` (one GPU's, :func:`tuning_table`), GPU by GPU in `old`'s
+    order: `new`'s GPU's entries replace `old`'s of that GPU where those were (appended when `old` has none);
+    every other GPU's entries are kept. `old`'s entries without ``gpu`` are tagged `legacy_gpu` when given
+    (so replaced by `new`'s if that is its GPU), else kept untagged (any GPU). ``source``: `old`'s parts
+    ("; "-separated) that do not name `new`'s GPU, then `new`'s."""
+    gpus = {e.get("gpu") for e in new["entries"]}
+    if len(gpus) != 1 or None in gpus:
+        raise ValueError(f"merge_tables: new table's entries name the GPUs {sorted(map(str, gpus))}, expected "
+                         "one GPU (a sweep's table, its 'gpu' set)")
+    (gpu,) = gpus
+    groups = {}
+    for e in old["entries"]:
+        if legacy_gpu and not e.get("gpu"):
+            e = {"op": e.get("op"), "gpu": legacy_gpu} | e    # "gpu" after "op", as tuning_table writes it
+        groups.setdefault(e.get("gpu"), []).append(e)
+    groups[gpu] = list(new["entries"])
+    parts = [p for p in old.get("source", "").split("; ") if p and f" on {gpu}," not in p]
+    return dict(format=1, source="; ".join(parts + [new["source"]]), entries=[e for g in groups.values() for e in g])
