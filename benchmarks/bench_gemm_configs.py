@@ -266,6 +266,23 @@ def compile_all(builds, workers: int, build_only: bool):
     return kernels, errors
 
 
+def time_in_turns(fns: dict, reps: int, target_us: float) -> dict:
+    """{key: microseconds per call} of `fns` (one of them "cublas"): one warm-up call each, then `reps` rounds that
+    time every fn in turn (round-robin, so clocks and heat hit all alike), each over as many back-to-back calls as
+    take about `target_us` of cuBLAS (3 to 50); the median round counts."""
+    import torch
+
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    iters = max(3, min(50, math.ceil(target_us / max(round_us(fns["cublas"], 3), 1.0))))
+    rounds = {key: [] for key in fns}
+    for _ in range(reps):
+        for key, fn in fns.items():
+            rounds[key].append(round_us(fn, iters))
+    return {key: statistics.median(v) for key, v in rounds.items()}
+
+
 def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, float, dict]:
     """(us per candidate key, cuBLAS us, notes) for one GEMM shape."""
     import torch
@@ -295,16 +312,7 @@ def measure(shape, cands, kernels, reps: int, target_us: float) -> tuple[dict, f
             notes[key] = f"wrong result (max rel err {err:.3g} vs cuBLAS)"
             continue
         fns[key] = (lambda k=k, done=done: k(A, B, C, done))
-    for fn in fns.values():   # warm-up
-        fn()
-    torch.cuda.synchronize()
-    t_one = round_us(fns["cublas"], 3)
-    iters = max(3, min(50, math.ceil(target_us / max(t_one, 1.0))))
-    rounds = {key: [] for key in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            rounds[key].append(round_us(fn, iters))
-    us = {key: statistics.median(v) for key, v in rounds.items()}
+    us = time_in_turns(fns, reps, target_us)
     cublas = us.pop("cublas")
     return us, cublas, notes
 
@@ -402,15 +410,7 @@ def run_split(args) -> None:
             if kt is not None:
                 done = torch.zeros(-(-M // c.block_m), device="cuda", dtype=torch.uint64)   # ignored by "tma"
                 fns[("tma", c)] = (lambda k=kt, done=done: k(A, B, C, done))
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        iters = max(3, min(50, math.ceil(args.target_us / max(round_us(fns["cublas"], 3), 1.0))))
-        times = {k: [] for k in fns}
-        for _ in range(args.reps):
-            for k, f in fns.items():
-                times[k].append(round_us(f, iters))
-        us = {k: statistics.median(v) for k, v in times.items()}
+        us = time_in_turns(fns, args.reps, args.target_us)
         cub = us["cublas"]
         for c in SPLIT_CONFIGS:
             p = plans[c]
@@ -492,15 +492,7 @@ def run_push(args) -> None:
         k_cn = fn(*fargs)
         counts = torch.zeros((M // cfg.block_m) * (N // cfg.block_n), device="cuda", dtype=torch.int64)
         fns["tma_cn"] = (lambda k=k_cn, counts=counts: k(X, B, Cf, counts))
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        iters = max(3, min(50, math.ceil(args.target_us / max(round_us(fns["cublas"], 3), 1.0))))
-        times = {k: [] for k in fns}
-        for _ in range(args.reps):
-            for k, f in fns.items():
-                times[k].append(round_us(f, iters))
-        us = {k: statistics.median(v) for k, v in times.items()}
+        us = time_in_turns(fns, args.reps, args.target_us)
         ratio = {k: f"{us['cublas'] / v:.2f}" for k, v in us.items()}
         rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(), cfg.short(),
                      f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}", ratio["push"],

@@ -402,7 +402,7 @@ def test_the_gemm_takes_its_direct_entry():
 
     tail = ("work", "tail_arrived", "tail_fixed")
     [(_, split)] = agm.kernels(512, 2752, 1024, 1, "float16")    # 44 tiles < 132 SMs, split in 3
-    assert agm.grid_plan(*split[:4], *split[6:9], split[-1], split[-2]).split == 3
+    assert agm.kernel_plan(split).split == 3
     for args, kw, names in (((1024, 512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived")),
                             ((1024, 512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C")),
                             (split, {}, ("A", "B", "C", *tail))):

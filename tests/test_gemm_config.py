@@ -465,9 +465,9 @@ def test_ag_gemm_splits_its_tail_in_the_kernel(gemm_builds):
     assert agm.grid_plan(8192, 2752, 1024, 2, 128, 256, 64, 132, True).blocks == 264 + 88 * 3   # the build below
     assert all(a[-1] == 0 for _, a in agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT))  # W > 1: plain
     [(_, ws1)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT)
-    assert agm.grid_plan(*ws1[:4], *ws1[6:9], ws1[-1], ws1[-2]).blocks == 660 + 44 * 3
+    assert agm.kernel_plan(ws1).blocks == 660 + 44 * 3
     [(_, plain)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT, sms=0)
-    assert agm.grid_plan(*plain[:4], *plain[6:9], plain[-1], plain[-2]).split == 1
+    assert agm.kernel_plan(plain).split == 1
     src = gemm_builds["ag_gemm_split"].source
     assert "rasterization2D" not in src and "660 <= ((int)blockIdx.x)" not in src
     assert "(264 <= ((int)blockIdx.x))" in src                                  # the tail's blocks

@@ -180,6 +180,15 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     return ag_gemm
 
 
+def kernel_plan(args: tuple) -> SplitPlan:
+    """The :func:`grid_plan` of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them)."""
+    bound = ag_gemm_kernel.signature.bind(*args)
+    bound.apply_defaults()
+    a = bound.arguments
+    return grid_plan(a["M"], a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], a["sms"],
+                     a["own"])
+
+
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
             config: GemmConfig | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
@@ -237,7 +246,7 @@ class AGGemm(Op):
         self._last_a = None       # world size 1: the a_local of the last call (gathered())
         # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1); a split one takes
         # its workspace after its other arguments (`_tail[i]`, () when not split)
-        self.plans = [grid_plan(M, N, K, W, *a[6:9], a[-1], a[-2]) for _, a in jobs]
+        self.plans = [kernel_plan(a) for _, a in jobs]
         self.tail = [split_workspace(p, *a[6:8], device=self.rt.device) if p.split > 1 else ()
                       for p, (_, a) in zip(self.plans, jobs, strict=True)]
         tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]
