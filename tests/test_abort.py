@@ -139,6 +139,14 @@ def test_an_error_left_by_a_wait_that_gave_up_is_reported_as_that_wait(capsys):
     who, msg, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
     assert (who, wait) == (1, True) and "gave up after 5.0 s" in msg, msg
     assert "tilescale: rank 1: rank 1, block 0, thread 0: T.wait_until" in capsys.readouterr().err
+    half = fake_rt(1)      # a record claimed (flag 2) but the kernel stopped before it was written
+    half.watchdog = types.SimpleNamespace(store=(store3 := FakeStore()), reported=False)
+    raw = struct.pack(diagnostics._FMT, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    half.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    diagnostics.report_own_failure(half, RuntimeError("CUDA error: unspecified launch failure"))
+    who, msg, wait = diagnostics.parse_failure(store3.get(diagnostics.STORE_KEY).decode())
+    assert (who, wait) == (1, True) and "gave up" in msg and "before its record was complete" in msg, msg
+    assert "tilescale: rank 1: a T.wait_until gave up" in capsys.readouterr().err
     plain = fake_rt(0)
     plain.watchdog = types.SimpleNamespace(store=(store2 := FakeStore()), reported=False)
     diagnostics.report_own_failure(plain, ValueError("bad input\nsecond line"))

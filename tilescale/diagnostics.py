@@ -40,10 +40,10 @@ STOP_GRACE_S = 5.0               # a rank told of a wait that gave up elsewhere 
 def read_record(rt) -> dict | None:
     raw = bytes(rt.wait_diag[:struct.calcsize(_FMT)].tolist())
     flag, rank, block, thread, site, cmp, bits, _, _, addr, expected, observed, elapsed = struct.unpack(_FMT, raw)
-    if flag != 1:
+    if flag not in (1, 2):
         return None
     return dict(rank=rank, block=block, thread=thread, site=site, cmp=cmp, bits=bits, addr=addr, expected=expected,
-                observed=observed, elapsed_ns=elapsed)
+                observed=observed, elapsed_ns=elapsed, complete=flag == 1)
 
 
 def describe(rec: dict) -> str:
@@ -54,6 +54,9 @@ def describe(rec: dict) -> str:
                 f"counter (the counters buffer at 0x{rec['addr']:x} holds {rec['expected']}: one per block of the "
                 "kernel is needed). The kernel was stopped")
 
+    if not rec.get("complete", True):   # claimed (flag 2), never finished: the kernel stopped while it was written
+        return ("a T.wait_until gave up (TILESCALE_WAIT_TIMEOUT_S) and the kernel was stopped before its record "
+                "was complete: which wait, and what it saw, are unknown")
     where = WAIT_SITES.get(rec["site"], f"wait #{rec['site']}")
     cmp = _CMP_NAMES[rec["cmp"]] if 0 <= rec["cmp"] < len(_CMP_NAMES) else f"cmp {rec['cmp']}"
     return (f"rank {rec['rank']}, block {rec['block']}, thread {rec['thread']}: T.wait_until at {where} gave up "

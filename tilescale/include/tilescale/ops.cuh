@@ -451,6 +451,12 @@ __device__ __forceinline__ bool cmp_holds(T v, int cmp, T x) {
 // Inlined and printf-free on purpose: a call (or printf) anywhere in a kernel makes ptxas serialise its wgmma
 // pipeline (C7510), which cost the AG+GEMM GEMM up to a quarter of its speed in debug mode. The host prints the
 // record (tilescale.diagnostics.describe).
+//   1. The module's first thread to give up takes its gate (g_wait_gate 0 -> 1, an atomic in device memory);
+//   2. it claims the process's record (flag 0 -> 2, the one atomic on host memory; another module's record may
+//      be there first: then it writes nothing), writes it, fences, sets flag = 1, then the gate to 2;
+//   3. every other thread that gives up waits for the gate to be 2 (device memory, with a sleep between reads),
+//      at most 1 s: stopping the kernel at once would stop the writer too, before its record is complete;
+//   4. then each stops the kernel (trap).
 __device__ __forceinline__ void wait_timed_out(const void* addr, int cmp, int bits, uint64_t expected,
                                                uint64_t observed, uint64_t elapsed, int site) {
   WaitDiag* d = g_wait_diag;
@@ -458,33 +464,34 @@ __device__ __forceinline__ void wait_timed_out(const void* addr, int cmp, int bi
   const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   if (d != nullptr) {
-    if (atomicCAS(&d->flag, 0ull, 2ull) == 0ull) {   // the first thread to give up writes the record
-      volatile WaitDiag* v = d;
-      v->rank = rank;
-      v->block = block;
-      v->thread = thread;
-      v->site = site;
-      v->cmp = cmp;
-      v->bits = bits;
-      v->addr = (unsigned long long)addr;
-      v->expected = expected;
-      v->observed = observed;
-      v->elapsed_ns = elapsed;
-      __threadfence_system();
-      v->flag = 1ull;
-      __threadfence_system();
-    } else {
-      // Another thread writes it (every thread of a block may wait on one signal, and give up at once).
-      // Stopping the kernel now would stop that thread too, before its record is complete, and the host would
-      // find none: wait until it is, at most 10 ms (a record left half-written by an earlier kernel must not
-      // hold this one).
-      volatile unsigned long long* flag = &d->flag;
+    if (atomicCAS(&g_wait_gate, 0u, 1u) == 0u) {                     // 1
+      if (atomicCAS(&d->flag, 0ull, 2ull) == 0ull) {                // 2
+        volatile WaitDiag* v = d;
+        v->rank = rank;
+        v->block = block;
+        v->thread = thread;
+        v->site = site;
+        v->cmp = cmp;
+        v->bits = bits;
+        v->addr = (unsigned long long)addr;
+        v->expected = expected;
+        v->observed = observed;
+        v->elapsed_ns = elapsed;
+        __threadfence_system();
+        v->flag = 1ull;
+        __threadfence_system();
+      }
+      atomicExch(&g_wait_gate, 2u);
+    } else {                                                        // 3
       const uint64_t t0 = globaltimer();
-      while (*flag != 1ull && globaltimer() - t0 < 10000000ull) {
+      while (atomicAdd(&g_wait_gate, 0u) != 2u && globaltimer() - t0 < 1000000000ull) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        __nanosleep(1000);
+#endif
       }
     }
   }
-  __trap();
+  __trap();                                                         // 4
 }
 
 // Spins until `load() cmp value` holds, then returns the value it saw (`addr`: what a time-out reports).
