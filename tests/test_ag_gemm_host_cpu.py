@@ -199,9 +199,9 @@ def _shim(log, with_ops=True):
     return ns
 
 
-def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
+def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
     """An AGGemm without GPU pieces: CPU buffers, fake streams, flags at made-up addresses; peers in `near` are on
-    this node (a view of their A_full), the others are reached with NVSHMEM."""
+    this node (a view of their A_full), the others are reached with NVSHMEM; peers in `gpu` share this rank's GPU."""
     op = object.__new__(agm.AGGemm)
     op.device, op.world_size, op.rank = torch.device("cpu"), W, rank
     op._check = checks.CallCheck("AGGemm")
@@ -217,6 +217,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True):
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
     op.streams = [log.Stream(0x6000 + j) for j in range(W)]      # a copy stream per peer, the local stream
     op._peers = [torch.zeros(W * rows, K, dtype=torch.float16) if p in near else None for p in range(W)]
+    op._pull_first = [p in gpu and p != rank for p in range(W)]
     op._flag_at = {"ready": [0x100000 + 0x1000 * p + 8 * rank for p in range(W)],
                    "freed": [0x200000 + 0x1000 * p + 8 * rank for p in range(W)]}
     op._ready_here = [0x300000 + 8 * q for q in range(W)]
@@ -287,6 +288,47 @@ def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, con
     between = [o for o in fast[first + 1:second] if o[1] == MAIN]
     assert between[0] == (so.EVENT_WAIT, MAIN, "copied") and between[-1] == (so.EVENT_RECORD, MAIN, "gate")
     assert [o[0] for o in between[1:-1]] == [so.WAIT_GEQ] * (W - 1)
+
+
+@pytest.mark.parametrize("W,rank,near,gpu", [(2, 0, {0, 1}, {0, 1}), (4, 1, {0, 1, 2, 3}, {0, 1}),
+                                             (4, 3, {2, 3}, {0, 1, 2, 3})])
+def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, near, gpu):
+    """A peer on this rank's GPU (ranks sharing one) is pulled by copy kernels: the main stream waits for its copy
+    stream's last operation (the join event recorded after its ``freed`` signal) before the second GEMM, whose
+    waiting tiles would otherwise hold the SMs those copies need (run 24). Peers on other GPUs are not waited for
+    there. The fast path issues the same as the steps."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, near, gpu=gpu)
+    a, b, c = _args(op)
+    with log.Mode():
+        op._call_steps(a, b, c, None)
+    steps, log.ops = log.ops, []
+    with log.Mode():
+        op(a, b, out=c)
+    assert log.ops == steps
+    fast = log.ops
+    second = [i for i, o in enumerate(fast) if o[0] == "GEMM"][1]
+    peers = [(rank + j) % W for j in range(1, W)]
+    for j, src in enumerate(peers):
+        s = op.streams[j].cuda_stream
+        mine = [i for i, o in enumerate(fast[:second]) if o[1] == s]
+        joined = (so.EVENT_RECORD, s, "join") in fast[:second]
+        assert joined == (src in gpu), (src, fast[:second])
+        if joined:   # recorded after every operation of that stream, waited for by the main stream before the GEMM
+            rec = fast.index((so.EVENT_RECORD, s, "join"))
+            assert rec == mine[-1] and fast[rec - 1][0] in (so.WRITE, so.SIGNAL_ADD)
+            assert any(o == (so.EVENT_WAIT, MAIN, "join") for o in fast[rec:second])
+    assert sum(o == (so.EVENT_WAIT, MAIN, "join") for o in fast[:second]) == len(gpu - {rank})
+
+
+def test_same_gpu_reads_the_node_device_map():
+    from tilescale import runtime
+
+    info = runtime.DistInfo(rank=5, world_size=8, local_rank=1, local_world_size=4, device=0, shared_gpu=True,
+                            node_devices=tuple(runtime.device_map(4, 2, 2)))      # [0, 0, 1, 1] on each node
+    assert [info.same_gpu(r) for r in range(8)] == [False, False, False, False, True, True, False, False]
+    alone = runtime.DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=2)
+    assert [alone.same_gpu(r) for r in range(2)] == [False, True]
 
 
 def test_fast_path_makes_three_shim_calls_and_two_launches(fake_cuda):
@@ -403,9 +445,12 @@ def test_the_gemm_takes_its_direct_entry():
     tail = ("work", "tail_arrived", "tail_fixed")
     [(_, split)] = agm.kernels(512, 2752, 1024, 1, "float16")    # 44 tiles < 132 SMs, split in 3
     assert agm.kernel_plan(split).split == 3
+    [_, (_, peers_split)] = agm.kernels(1024, 2752, 1024, 2, "float16")   # the other rank's 44 tiles, split too
+    assert agm.kernel_plan(peers_split).split == 3
     for args, kw, names in (((1024, 512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived")),
                             ((1024, 512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C")),
-                            (split, {}, ("A", "B", "C", *tail))):
+                            (split, {}, ("A", "B", "C", *tail)),
+                            (peers_split, {}, ("A", "B", "C", "arrived", *tail))):
         r = agm.ag_gemm_kernel.build(*args, **kw)   # tests/prebuild_cpu_tier.py
         host = Path(r.library).with_suffix(".cu").read_text()
         types = argtypes_for(call_signature(host), names)

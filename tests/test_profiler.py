@@ -1035,7 +1035,7 @@ def test_bench_prebuilds_both_gemms_plain_and_stamped(W):
     own = [True, True, False, False][:2 if W == 1 else 4]
     # args end with (profile, own, sms)
     assert [a[-2] for a in gemms] == own and [a[-3] for a in gemms] == [False, True] * (len(own) // 2)
-    assert {a[-1] for a in gemms} == ({132} if W == 1 else {0})   # the split tail: world size 1 only
+    assert {a[-1] for a in gemms} == {132}    # the SM count (the last wave's split), at every world size
 
 
 def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):

@@ -52,6 +52,17 @@ class DistInfo:
     local_world_size: int
     device: int = 0            # this rank's CUDA device index
     shared_gpu: bool = False   # some GPU of this node runs more than one rank (TILESCALE_RANKS_PER_GPU)
+    node_devices: tuple[int, ...] = ()   # the CUDA device of each local rank of this node (device_map)
+
+    def same_gpu(self, rank: int) -> bool:
+        """Whether `rank` runs on this rank's GPU (itself, or a rank sharing it: the shared-GPU mode). A copy
+        between two ranks of one GPU is work of that GPU's SMs, not of a copy engine."""
+        L = self.local_world_size
+        if rank == self.rank:
+            return True
+        if not self.node_devices or rank // L != self.rank // L:
+            return False
+        return self.node_devices[rank % L] == self.device
 
 
 def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> list[int]:
@@ -287,7 +298,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         finally:
             _mpg_lock.release()  # every PE of this host has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-                        device=device, shared_gpu=shared)
+                        device=device, shared_gpu=shared, node_devices=tuple(devices))
         if shared:
             log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
                      "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)

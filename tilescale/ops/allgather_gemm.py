@@ -34,9 +34,12 @@ slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): 
 4. copy streams (one per peer src), after ``gate``: set ``ready[src]`` to 0; for each chunk of src's
    shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
    from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
-   ``freed[me] = 1`` on src;
+   ``freed[me] = 1`` on src. A src on this rank's own GPU (ranks sharing one) is pulled by a copy kernel,
+   which needs SMs: the main stream waits for that copy stream here (its join event), before step 5;
 5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
-   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA;
+   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA. (Were a copy kernel still
+   to come, this GEMM's waiting tiles could hold every SM and it would never start: run 24's failure at 2
+   and 4 ranks sharing one H100, a wait that gave up after TILESCALE_WAIT_TIMEOUT_S);
 6. main stream: joins the copy streams and the local stream, then zeroes ``arrived`` (the next call's copy
    streams start after its step 3, so after this).
 
@@ -194,11 +197,8 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
     then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (the last wave's split).
 
-    The split of the last wave (:func:`grid_plan`) is used at world size 1 only, where it was checked (run 24: 10
-    eager calls and 6 CUDA graph replays on 1 x H100). At 2 and 4 ranks (sharing one H100) this op failed on the
-    split test's shape (8192x1024x2752) with plain grids too, and on the tree before the split (f1a6ab7): a fault
-    ("unspecified launch failure", no wait timed out) that is not the split's and is not understood yet; the split
-    stays off there until the multi-rank path runs that shape."""
+    Either GEMM may split its last wave (:func:`grid_plan`); at world size 1 and at 2 and 4 ranks sharing one H100
+    both were checked against torch over eager calls and CUDA graph replays (tests/gpu/ag_gemm_split_main.py)."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
@@ -207,7 +207,7 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
             cfg.swizzle, False)
     parts = (True, False) if world_size > 1 else (True,)
-    return [(ag_gemm_kernel, (*args, own, sms if world_size == 1 else 0)) for own in parts]
+    return [(ag_gemm_kernel, (*args, own, sms)) for own in parts]
 
 
 class AGGemm(Op):
@@ -237,8 +237,7 @@ class AGGemm(Op):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
-            sms = vectors.sm_count() if self.world_size == 1 else 0   # the split tail: world size 1 only (kernels)
-            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, sms)
+            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
         W, (fn, self.args) = self.world_size, jobs[-1]
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
@@ -273,6 +272,8 @@ class AGGemm(Op):
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
+        # a peer on my GPU (ranks sharing one): its pulls are copy kernels, done before the second GEMM (step 4)
+        self._pull_first = [p != self.rank and self.rt.info.same_gpu(p) for p in range(W)]
         self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
         # my word of a flag on rank p: through its mapping, or the symmetric address for NVSHMEM's signal
         self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
@@ -356,6 +357,9 @@ class AGGemm(Op):
                     add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
                 add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
             signal("freed", src, s)
+            if self._pull_first[src]:      # copy kernels: done before the second GEMM takes the SMs
+                add(so.EVENT_RECORD, joins[j], stream=s)
+                add(so.EVENT_WAIT, joins[j])
         pre = ops
         post = []
         for j in range(len(streams)):                                                          # 6
@@ -522,6 +526,9 @@ class AGGemm(Op):
                     if rec is not None:
                         rec.copy_done(s, src, ch, a_full[rows].nbytes)
                 self._signal(h, "freed", src)
+            if self._pull_first[src]:
+                self._joins[j].record(s)
+                main.wait_event(self._joins[j])
         gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
         for j, s in enumerate(self.streams):                                 # 6
             self._joins[j].record(s)
