@@ -237,7 +237,10 @@ class AGGemm(Op):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
-            jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
+            kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, 0)   # its errors: agreed
+        # the SM count (the last waves' split) read once every rank's arguments agreed: no rank queries its GPU, and
+        # maybe fails alone, before the others learn whether the call was valid
+        jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
         W, (fn, self.args) = self.world_size, jobs[-1]
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // W
