@@ -1,6 +1,6 @@
 """The Python part of one op call, on the CPU (no GPU, no CUDA): AllGather ``ag(x)`` and AG+GEMM ``op(a, b, out=c)``.
 
-    PYTHONPATH=. python benchmarks/host_cpu.py [--calls 20000] [--world 1 8] [--profile]
+    PYTHONPATH=. python benchmarks/host_cpu.py [--calls 20000] [--world 1 8] [--profile] [--no-shim]
 
 What this measures is NOT a GPU measurement: the op objects are made without their GPU pieces (``object.__new__``
 plus the attributes ``__call__`` reads), with small CPU tensors, fake torch.cuda streams / events (Python objects
@@ -12,6 +12,12 @@ every torch CUDA call (``torch.cuda.current_stream()``, ``Event()``, a CUDA ``co
 stand-in here. Next to the time, each row counts what a call reaches outside Python: C entry points (ctypes
 calls) and torch CUDA / tensor calls (torch.cuda stream and event API, tensor methods) -- on a GPU those are
 the microseconds. bench_host.py measures the real thing.
+
+The row "AllGather ag(x), profiled" makes the same call in a host-events profiler session (``tilescale.profiler``,
+mask "host", its events discarded), in rounds alternating with unprofiled ones: the profiler's cost is the difference
+(printed below it). Its call is timed and recorded by the runtime shim's ``ts_timed_call`` (issue 15) when this tree
+has it and the shim builds and loads here (nvcc against the stub libcuda, NVSHMEM's host library; ``--no-shim``: not
+tried), with libm's ``fegetround`` as the kernel's C entry point that the shim calls; otherwise by Python.
 
 Runs against whatever tilescale is on PYTHONPATH (this tree, or an older one to compare: the old AGGemm layout,
 before ``AGGemm._plan``, is supported)."""
@@ -27,6 +33,8 @@ from types import SimpleNamespace
 
 import torch
 
+from tilescale.profiler import session
+
 LIBM = ctypes.CDLL("libm.so.6")
 
 
@@ -39,6 +47,7 @@ def c_noop(argtypes, restype=ctypes.c_int):
 
 
 VP, U64, I32 = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int
+FEGETROUND = ctypes.cast(LIBM.fegetround, VP).value   # the C function behind c_noop: what the shim's timed call calls
 
 
 class Counter:
@@ -170,6 +179,7 @@ def make_allgather(W):
     op._ptrs = (slots.data_ptr(), op.arrived.data_ptr(), op.counters.data_ptr())
     op.launch_path = "direct"
     op._direct = (counted("kernel direct launch", c_noop([VP, VP, VP, VP, ctypes.c_int64, VP])), lambda: b"")
+    op._entry = FEGETROUND   # the address of the C entry point (a profiled call's timed launch; unused by older trees)
     x = torch.zeros(rows, cols, dtype=torch.bfloat16)
     return op, (x,), {}
 
@@ -228,6 +238,26 @@ def per_call_us(fn, calls, repeats=5):
     return statistics.median(best), min(best)
 
 
+def profiled_us(make, shim, calls, repeats=5):
+    """One op's call (``make(1)``) unprofiled and in a host_session, in alternating rounds of `calls` calls, each
+    profiled round in a session of its own, after one session not timed: ((median, min) unprofiled, (median, min)
+    profiled) us per call. So both see the op in the same state: in trees before the shim's timed calls, the op's first
+    profiled call made its record by ``functools.cached_property``, which materializes the op's ``__dict__`` and
+    makes every later call ~15% slower on CPython 3.11, profiled or not."""
+    op, args, kw = make(1)
+    times = {False: [], True: []}
+    for profiled in [True] + [False, True] * repeats:
+        with host_session(shim) if profiled else contextlib.nullcontext():
+            for _ in range(200):
+                op(*args, **kw)
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                op(*args, **kw)
+            times[profiled].append((time.perf_counter_ns() - t0) / calls / 1e3)
+    off, on = times[False], times[True][1:]
+    return (statistics.median(off), min(off)), (statistics.median(on), min(on))
+
+
 class TorchCalls(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
@@ -240,12 +270,58 @@ def count_calls(make, W):
     global COUNT
     COUNT = Counter()
     op, args, kw = make(W)
-    op(*args, **kw)                    # the checks' first (agreed) call
-    COUNT.n.clear()
-    with TorchCalls():
-        op(*args, **kw)
+    s = session.current
+    timed = getattr(s, "timed", None)   # a profiled row: the shim's timed entry, counted too
+    if timed is not None:
+        s.timed = counted("shim ts_timed_call", timed)
+    try:
+        op(*args, **kw)                    # the checks' first (agreed) call
+        COUNT.n.clear()
+        with TorchCalls():
+            op(*args, **kw)
+    finally:
+        if timed is not None:
+            s.timed = timed
     n, COUNT = COUNT.n, None
     return n
+
+
+def load_shim():
+    """The runtime shim, built (nvcc, against the stub libcuda on a machine without a GPU) and loaded with NVSHMEM's
+    host library; None when that fails here (the profiled row then records in Python)."""
+    try:
+        from tilescale import discovery, runtime
+
+        return runtime.load_shim(discovery.find_nvshmem())
+    except Exception as e:  # noqa: BLE001
+        print(f"(the runtime shim is not loaded here: {type(e).__name__}: {str(e)[:200]})")
+        return None
+
+
+class Discard:
+    """A profiler that drops its events (made a tilescale Profiler in host_session): the session's own cost only."""
+
+    def start_event(self, descr):
+        return None
+
+
+@contextlib.contextmanager
+def host_session(shim):
+    """A host-events profiler session (mask "host") that drops its events, whose timed calls go through `shim`'s
+    ``ts_timed_call`` (the session takes the runtime's shim; here there is no runtime: `shim` in its place), or
+    through Python's record without a shim or in a tree without timed calls."""
+    import tilescale.profiler as tp
+
+    prof = type("Discard", (Discard, tp.Profiler), {})()
+    hook = getattr(session, "_runtime_shim", None)
+    if hook is not None:
+        session._runtime_shim = lambda: shim
+    try:
+        with tp.profile(None, mask="host", profiler=prof, merge=False) as s:
+            yield s
+    finally:
+        if hook is not None:
+            session._runtime_shim = hook
 
 
 def main(argv=None):
@@ -253,24 +329,33 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--world", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--profile", action="store_true", help="cProfile AG+GEMM at the largest world size")
+    ap.add_argument("--no-shim", action="store_true", help="the profiled row without the runtime shim (Python record)")
     a = ap.parse_args(argv)
     patch_torch_cuda()
-    from tilescale.profiler import session
-
     session.current = None             # profiling off (decided), as after the first call of a run
+    shim = None if a.no_shim else load_shim()
     print("CPU-side Python + ctypes cost per call (stand-ins for every CUDA call: NOT a GPU measurement)")
     print(f"{'op':44s} {'us/call median':>15s} {'min':>7s}   calls outside Python per call")
     empty = per_call_us(lambda: None, a.calls)
     print(f"{'floor: an empty Python call':44s} {empty[0]:15.2f} {empty[1]:7.2f}")
-    rows = [("AllGather ag(x)", make_allgather, 1)] + [(f"AG+GEMM op(a, b, out=c), W={W}", make_ag_gemm, W)
-                                                      for W in a.world]
-    for name, make, W in rows:
-        op, args, kw = make(W)
-        op(*args, **kw)
-        med, lo = per_call_us(lambda: op(*args, **kw), a.calls if W < 8 else a.calls // 4)
-        n = count_calls(make, W)
+    rows = [("AllGather ag(x)", make_allgather, 1, False), ("AllGather ag(x), profiled (mask host)", make_allgather, 1,
+                                                              True)]
+    rows += [(f"AG+GEMM op(a, b, out=c), W={W}", make_ag_gemm, W, False) for W in a.world]
+    for name, make, W, profiled in rows:
+        if profiled:
+            off, (med, lo) = profiled_us(make, shim, a.calls)
+            with host_session(shim):
+                n = count_calls(make, W)
+        else:
+            op, args, kw = make(W)
+            op(*args, **kw)
+            med, lo = per_call_us(lambda: op(*args, **kw), a.calls if W < 8 else a.calls // 4)
+            n = count_calls(make, W)
         ext = ", ".join(f"{k} x{v}" for k, v in sorted(n.items()))
         print(f"{name:44s} {med:15.2f} {lo:7.2f}   {sum(n.values())}: {ext}")
+        if profiled:
+            print(f"{'  the profiler: profiled - unprofiled':44s} {med - off[0]:+15.2f} {lo - off[1]:+7.2f}   "
+                  f"(alternating rounds; unprofiled in them: {off[0]:.2f}, min {off[1]:.2f})")
     if a.profile:
         op, args, kw = make_ag_gemm(max(a.world))
         prof = cProfile.Profile()

@@ -114,6 +114,11 @@ _SIGS = {
     "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
     # a program of stream operations (tilescale/ops/stream_ops.py): streams, ops, count, &failed (raw addresses)
     "ts_stream_ops": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
+    # the profiler's timed calls (tilescale/profiler/session.py ShimCalls): the op's ts_timed_fn and the two arguments
+    # of its C entry point that change per call, as c_void_p (ctypes' cheapest conversion; word-sized integers in C)
+    "ts_timed_call": ([ctypes.c_void_p] * 3, ctypes.c_int),
+    "ts_timed_group": ([ctypes.c_longlong], None), "ts_timed_reset": ([], None),
+    "ts_timed_take": ([ctypes.c_void_p, ctypes.c_longlong], ctypes.c_longlong),
     "ts_finalize": ([], None),
 }
 

@@ -6,7 +6,14 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <atomic>
+#include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <new>
 
 namespace {
 template <typename F>
@@ -174,5 +181,95 @@ int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* fai
 }
 
 void ts_finalize() { nvshmemx_hostlib_finalize(); }
+
+// ---------------------------------------------------------------------------------------------- timed calls
+// The profiler's record of an op call made here instead of in Python (issue 15: a Python record costs more than the
+// 2% of a 1 MiB AllGather call that the profiler may add). tilescale/profiler/session.py (ShimCalls) drives it:
+//   1. ts_timed_reset when a session starts: no records, group 0;
+//   2. ts_timed_call(call, a, b) for each call of an op: its 6 arguments are call->args with the two that change from
+//      call to call (the input and the stream) put in at call->vary; CLOCK_MONOTONIC (the clock of Python's
+//      time.perf_counter_ns on Linux) read before and after the op's C entry point `call->fn(args)`; when it returns
+//      0, the session's quick record (call->record, group, t0, t1) is appended to the buffer; returns its result (a
+//      failed launch leaves no record: the op raises, as before its Python record). Two arguments through ctypes
+//      instead of six: the profiled call costs the host less than the op's own direct launch;
+//   3. ts_timed_group(top) whenever a session's group opens or closes: the parent of the records made from now on;
+//   4. ts_timed_take(out, limit) moves the oldest records (at most `limit`) to `out` (4 words each), before the
+//      session appends a record of its own and when it flushes: every record keeps its place. `ts_timed_pending`
+//      counts the records waiting (read by the session without a call), `ts_timed_lost` those that could not be
+//      stored (no memory).
+// The entry is called through a pointer typed with 6 word-sized integers: the kernels' `call` takes pointers, an int
+// and the stream, all INTEGER-class arguments, passed in the first six integer registers on x86-64 SysV (rdi..r9)
+// and aarch64 (x0..x5), an int in the low half of its register; so the call is ABI-compatible.
+// Threads: ctypes releases the GIL around these calls, so several threads may record at once; a mutex guards the
+// buffer (the records of concurrent calls land in the order their calls ended) and the group (one for the process,
+// as the session's).
+struct ts_timed_fn {   // an op's timed call (session.timed_call): its C entry point, record and arguments
+  int (*fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
+  long long record;
+  uintptr_t args[6];   // the arguments that stay the same from call to call (those at `vary`: anything)
+  int vary[2];         // where ts_timed_call's a and b go in args
+};
+static_assert(sizeof(ts_timed_fn) == 72, "ts_timed_fn: 9 words (tilescale/profiler/session.py TimedFn)");
+
+namespace {
+struct TimedRecord {
+  long long record, group, t0, t1;
+};
+static_assert(sizeof(TimedRecord) == 32, "a record is 4 words (tilescale/profiler/session.py ShimCalls)");
+std::mutex timed_mutex;
+std::deque<TimedRecord> timed_records;   // oldest first (a deque grows without copying: a record costs no more later)
+long long timed_group = 0;
+
+long long monotonic_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+}  // namespace
+
+std::atomic<long long> ts_timed_pending{0}, ts_timed_lost{0};
+static_assert(sizeof(std::atomic<long long>) == 8 && std::atomic<long long>::is_always_lock_free,
+              "ts_timed_pending / ts_timed_lost: read by Python as plain 8-byte words");
+
+int ts_timed_call(const ts_timed_fn* call, uintptr_t a, uintptr_t b) {
+  uintptr_t v[6];
+  std::memcpy(v, call->args, sizeof v);
+  v[call->vary[0]] = a;
+  v[call->vary[1]] = b;
+  long long t0 = monotonic_ns();
+  int rc = call->fn(v[0], v[1], v[2], v[3], v[4], v[5]);
+  long long t1 = monotonic_ns();
+  if (rc != 0) return rc;
+  std::lock_guard<std::mutex> lock(timed_mutex);
+  try {
+    timed_records.push_back({call->record, timed_group, t0, t1});
+    ts_timed_pending.store((long long)timed_records.size(), std::memory_order_relaxed);
+  } catch (const std::bad_alloc&) {
+    ts_timed_lost.fetch_add(1, std::memory_order_relaxed);
+  }
+  return rc;
+}
+
+void ts_timed_group(long long group) {
+  std::lock_guard<std::mutex> lock(timed_mutex);
+  timed_group = group;
+}
+
+long long ts_timed_take(void* out, long long limit) {
+  std::lock_guard<std::mutex> lock(timed_mutex);
+  size_t n = std::min(timed_records.size(), (size_t)std::max(limit, 0LL));
+  std::copy_n(timed_records.begin(), n, static_cast<TimedRecord*>(out));
+  timed_records.erase(timed_records.begin(), timed_records.begin() + n);
+  ts_timed_pending.store((long long)timed_records.size(), std::memory_order_relaxed);
+  return (long long)n;
+}
+
+void ts_timed_reset() {
+  std::lock_guard<std::mutex> lock(timed_mutex);
+  std::deque<TimedRecord>().swap(timed_records);   // the memory of the last session's records too
+  timed_group = 0;
+  ts_timed_pending.store(0);
+  ts_timed_lost.store(0);
+}
 
 }  // extern "C"

@@ -57,7 +57,7 @@ eager call, the result is taken by the device's parity, on the stream and withou
 static output); ``ag.out`` and ``ag.next_out`` then raise, and `out` must not be one of the slots. Before any
 capture, the host's count equals the device's and ``ag(x)`` returns the slot itself (no copy).
 """
-import functools
+import ctypes
 import math
 
 from tilelang import tvm
@@ -140,6 +140,11 @@ class AllGather(DoubleBuffered):
 
     NAME, KERNEL = "AllGather", "allgather"
     GRAPH_SAFE = True
+    # Made at first use and set as plain attributes (functools.cached_property would materialize the instance's
+    # __dict__, after which every attribute load of the op is slower: +15% per call on CPython 3.11):
+    _entry = None    # the address of the kernel's C entry point (the direct launch; set by __init__)
+    _record = None   # the constant part of its profiler records (_quick_record)
+    _timed = None    # its timed call for the runtime shim (_timed_call)
 
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512):
         import torch
@@ -165,6 +170,8 @@ class AllGather(DoubleBuffered):
         self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
                                                ("x", "out", "arrived", "counters", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
+        if self._direct is not None:   # (its 6 parameters: the names above and the stream; session.timed_call)
+            self._entry = ctypes.cast(self._direct[0], ctypes.c_void_p).value
         self.call_counters(self.blocks_per_peer * W)
         self._ptrs = (self._slots.data_ptr(), self.arrived.data_ptr(), self.counters.data_ptr())
 
@@ -201,40 +208,58 @@ class AllGather(DoubleBuffered):
             x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
             p = x.data_ptr()
         prof = profiling.current
-        if prof is not None:
-            if not prof.quick_coll:     # not decided yet, or a session recording more than host events: OpCall
-                return self._call_recorded(x, p, stream, out)
-            t0 = _now()                 # the call and its LAUNCH: four ints, extended below
-        direct = self._direct
-        if direct is not None:   # Op.launch_direct, inline
-            out3d, arrived, counters = self._ptrs
-            if direct[0](p, out3d, arrived, counters, self.n, stream):
+        if prof is None:
+            direct = self._direct
+            if direct is not None:   # Op.launch_direct, inline
+                out3d, arrived, counters = self._ptrs
+                if direct[0](p, out3d, arrived, counters, self.n, stream):
+                    raise self.launch_error()
+            else:
+                self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
+        elif (timed := prof.timed) is not None and self._entry is not None:
+            # a session of host events with the runtime shim's timed calls: the shim launches through the C entry
+            # point and records the call and its LAUNCH (session.ShimCalls)
+            if timed(self._timed or self._timed_call(), p, stream):
                 raise self.launch_error()
-        else:
-            self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
-        if prof is not None:
-            prof.raw.extend((self._record, prof.top, t0, _now()))
+        elif prof.quick_coll:   # the same, recorded here: four ints
+            t0 = _now()
+            self._launch(x, p, stream)
+            prof.raw.extend((self._quick_record() if self._record is None else self._record, prof.top, t0, _now()))
+        else:   # not decided yet, or a session recording more than host events: OpCall
+            return self._call_recorded(x, p, stream, out)
         if out is None and not self.captured:   # DoubleBuffered.slot_result, inline: the slot of the host's count
             s = self.calls
             self.calls = s + 1
             return self.buffers[s & 1]
         return self.slot_result(out)
 
-    @functools.cached_property
-    def _record(self) -> int:
+    def _quick_record(self) -> int:
         """The constant part of this op's profiler records (a COLL call with its LAUNCH), registered at the first
-        profiled call and kept (``profiling.call_record``)."""
-        return profiling.call_record("coll", "AllGather", "allgather", bytes=self.n * self.buffers[0].itemsize)
+        quick-recorded call and kept (``profiling.call_record``)."""
+        if self._record is None:
+            self._record = profiling.call_record("coll", "AllGather", "allgather",
+                                                 bytes=self.n * self.buffers[0].itemsize)
+        return self._record
+
+    def _timed_call(self) -> int:
+        """This op's timed call for the runtime shim (its C entry point and record: ``profiling.timed_call``), made at
+        the first call that the shim times and kept."""
+        self._timed = profiling.timed_call(self._entry, self._quick_record(), (0, *self._ptrs, self.n, 0), (0, 5))
+        return self._timed
+
+    def _launch(self, x, p, stream) -> None:
+        """The launch of a call (no record): through the kernel's C entry point, else tilelang's launch."""
+        if self._direct is not None:
+            self.launch_direct(p, *self._ptrs, self.n, stream)
+        else:
+            self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
 
     def _call_recorded(self, x, p, stream, out):
         """The launch and result of a call, recorded through the profiler's general path (OpCall): in a session that
         is not ``quick_coll`` (KERNEL timed by CUDA events, a live profiler, COLL masked off), or at the first call of
         a run, which decides on TILESCALE_PROFILE."""
         rec = profiling.call("AllGather", launch="allgather", bytes=x.nbytes)
-        if self._direct is not None:
-            self.launch_direct(p, *self._ptrs, self.n, stream)
-        else:
-            self.kernel.launch(x.view(-1), self._out3d, self.arrived, self.counters)
+        self._launch(x, p, stream)
         if rec is not None:  # tilescale.profiler: the call and its launch end here
             rec.end()
         return self.slot_result(out)

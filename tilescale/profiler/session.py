@@ -19,7 +19,13 @@ An op that launches one kernel per call and has nothing else to record (AllGathe
         s.raw.extend((record, s.top, t0, profiling.now()))
     else:                               # not profiling, not decided yet, or more to record: call() / OpCall
 
-where ``record = profiling.call_record("coll", "AllGather", "allgather", bytes=n)`` is made once per op.
+where ``record = profiling.call_record("coll", "AllGather", "allgather", bytes=n)`` is made once per op. Cheaper
+still, when the runtime shim has it (:class:`ShimCalls`), the shim makes the launch and that record in C::
+
+    if s.timed is not None:             # a quick_coll session with the shim's timed calls
+        rc = s.timed(op_call, x, stream)    # op_call = profiling.timed_call(<C entry>, record, args, vary), once per op
+
+(the four ints reach ``Session.raw`` in their place among the session's other records: ``_Raw``).
 
 The hot path appends raw tuples. A session hands out its own event handles (ints); every start, stop and
 state change is one tuple appended to ``Session.raw`` (host times from ``time.perf_counter_ns``), and the
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -59,14 +66,18 @@ _NO_ARGS: dict = {}
 # and, for a whole op call and its LAUNCH, four ints (not a tuple) extended when the call ends (a session that is
 # ``quick_coll``; see the module docstring):
 #   record (an index into _CALL_RECORDS: call_record), parent group id | 0, perf_counter_ns, perf_counter_ns
-# (no handle: nothing else refers to the call; the LAUNCH spans the call when the mask has LAUNCH)
+# (no handle: nothing else refers to the call; the LAUNCH spans the call when the mask has LAUNCH); the runtime shim's
+# timed calls make the same four ints in C (ShimCalls)
 _START, _START_AT, _START2, _STOP, _STOP_AT, _STOP2, _STATE = range(7)
 now = _now   # for the ops' quick call records (see the module docstring)
 _CALL_RECORDS: list[tuple] = []   # (type bit, name, args, launch name | None) of call_record's index
+_TIMED_CALLS: list = []            # the shim's ts_timed_fn of each timed_call (TimedFn), kept for the process
+_TIMED_CHUNK = 4096                # records a ShimCalls moves per ts_timed_take
 
 
 class _Unset:
     quick_coll = False   # the ops' one-append path is never taken before the decision (call() makes it)
+    timed = None         # nor the shim's timed calls
 
     def __repr__(self) -> str:
         return "<not decided: TILESCALE_PROFILE is read at the first op call>"
@@ -154,7 +165,6 @@ class Session:
         if self.clock is None:  # GPU-side events need the GPU clock on the host's
             self.mask &= ~(EventType.DEVICE | EventType.COPY)
         self.bits = int(self.mask)   # the hot paths test plain ints (IntFlag's & costs a microsecond)
-        self.raw: list[tuple] = []    # records not yet delivered to the profiler (see the module doc)
         self.next_id = itertools.count(1).__next__   # the session's event handles
         self.live = bool(getattr(profiler, "live", False))
         self._handles: dict[int, Any] = {}   # session handle -> the profiler's handle (delivered events)
@@ -166,6 +176,11 @@ class Session:
         # when the kernel's span is timed by CUDA events (KERNEL: recorded around the launch), nor for a live
         # profiler (it sees a call start as it happens): those calls take OpCall (call())
         self.quick_coll = bool(self.bits & _COLL) and not self.bits & _KERNEL and not self.live
+        # such a call may be timed and recorded by the runtime shim instead (ShimCalls): `timed` is its entry, or None
+        self.shim = ShimCalls.of(_runtime_shim()) if self.quick_coll else None
+        self.timed = self.shim.call if self.shim is not None else None
+        # records not yet delivered to the profiler (see the module doc); with the shim's, in their place (_Raw)
+        self.raw: list = [] if self.shim is None else _Raw(self.shim)
         self.pending: list = []       # DeviceRecord / CopyRecord, decoded in stop()
         self.streams: dict[int, str] = {}
         self.closed = False
@@ -215,6 +230,8 @@ class Session:
         """Deliver the raw records to the profiler, in order: ``start_event`` (with ``start_ns`` on the host
         clock), ``record_event_state``, and per stop an END state with its time, then ``stop_event``."""
         raw = self.raw
+        if self.shim is not None:   # the shim's records made since the last record here
+            self.shim.drain(raw)
         if not raw:
             return
         records = raw[:]
@@ -265,6 +282,13 @@ class Session:
                 p.record_event_state(ph, end, {"end_ns": wall(r[2]) if kind == _STOP else r[2]})
                 p.stop_event(ph)
 
+    def set_top(self, group: int) -> None:
+        """The innermost open group (0: none), the parent of the quick records made from now on: Python's and the
+        shim's."""
+        self.top = group
+        if self.shim is not None:
+            self.shim.group(group)
+
     def track_of(self, stream) -> str:
         """'stream N' for a CUDA stream (numbered in order of first use in this session)."""
         key = int(getattr(stream, "cuda_stream", 0) or 0)
@@ -291,8 +315,111 @@ class Session:
                     p.report(self)
                 self.pending.clear()
             self.flush()
+            if self.shim is not None and self.shim.lost.value:
+                warnings.warn(f"tilescale profiler: {self.shim.lost.value} op call(s) timed by the runtime shim could "
+                              "not be recorded (out of memory)", RuntimeWarning, stacklevel=2)
         finally:
             self.profiler.finalize()
+
+
+# ------------------------------------------------------------------------------- the shim's timed calls
+class ShimCalls:
+    """Op calls timed and recorded by the runtime shim (``ts_timed_call``, tilescale/csrc/ts_runtime.cu) instead of
+    Python (issue 15: a Python record costs more than the profiler's 2% of a 1 MiB AllGather call). A session whose
+    COLL calls are quick records (``quick_coll``) makes one when the shim has them; the protocol:
+
+    1. the session starts: the shim's buffer emptied, its group 0 (``ts_timed_reset``);
+    2. an op calls ``session.timed(op_call, a, b)`` (:attr:`call`; `op_call` from :func:`timed_call`, made once per
+       op; `a`, `b`: the two arguments of its C entry point that change per call): the shim reads CLOCK_MONOTONIC,
+       calls the op's C entry point with its arguments, reads it again and, when it returned 0, appends the quick
+       record (record, group, t0, t1) to its buffer; returns its result;
+    3. a group opens or closes: the session tells the shim its innermost group (:meth:`Session.set_top`);
+    4. before the session appends a record of its own (``Session.raw`` is a :class:`_Raw`), and when it flushes,
+       :meth:`drain` moves the shim's records into ``raw``: each keeps its place among the session's records.
+
+    The shim's clock is that of ``time.perf_counter_ns`` when Python's perf_counter is CLOCK_MONOTONIC (Linux); else
+    there are no timed calls. One buffer for the process (one session at a time); a mutex in the shim guards it, for
+    any number of threads (ctypes releases the GIL around the calls)."""
+
+    __slots__ = ("call", "_take", "_group", "_buf", "pending", "lost")
+
+    def __init__(self, shim):
+        self.call = shim.ts_timed_call
+        self._take, self._group = shim.ts_timed_take, shim.ts_timed_group
+        self.pending = ctypes.c_longlong.in_dll(shim, "ts_timed_pending")   # records waiting in the shim
+        self.lost = ctypes.c_longlong.in_dll(shim, "ts_timed_lost")         # records the shim could not store
+        self._buf = (ctypes.c_longlong * (4 * _TIMED_CHUNK))()
+        shim.ts_timed_reset()
+
+    @classmethod
+    def of(cls, shim) -> ShimCalls | None:
+        """The timed calls of the loaded runtime shim `shim` for a new session, or None: no shim, a shim without them,
+        or a perf_counter that is not the shim's clock."""
+        if shim is None or getattr(shim, "ts_timed_call", None) is None:
+            return None
+        if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+            return None
+        return cls(shim)
+
+    def group(self, group: int) -> None:
+        self._group(group)
+
+    def drain(self, raw: list) -> None:
+        """Move the shim's records to the end of `raw`, oldest first (quick records: four ints each)."""
+        while self.pending.value:
+            n = self._take(self._buf, _TIMED_CHUNK)
+            list.extend(raw, self._buf[:4 * n])
+
+
+class _Raw(list):
+    """``Session.raw`` of a session with the shim's timed calls: a record appended here first takes in the shim's
+    records (made before it), so that the records stay in the order they were made (:class:`ShimCalls` step 4)."""
+
+    __slots__ = ("shim",)
+
+    def __init__(self, shim: ShimCalls):
+        super().__init__()
+        self.shim = shim
+
+    def append(self, record) -> None:
+        if self.shim.pending.value:
+            self.shim.drain(self)
+        list.append(self, record)
+
+    def extend(self, records) -> None:
+        if self.shim.pending.value:
+            self.shim.drain(self)
+        list.extend(self, records)
+
+
+def _runtime_shim():
+    """The runtime's loaded shim (tilescale/csrc/ts_runtime.cu), or None before ``init_distributed``: where a session
+    finds the timed calls. Tests and benchmarks without a runtime put a shim they loaded in its place."""
+    from .. import runtime
+
+    return getattr(runtime.current(), "shim", None) if runtime.is_initialized() else None
+
+
+class TimedFn(ctypes.Structure):
+    """The shim's ``ts_timed_fn`` (tilescale/csrc/ts_runtime.cu): an op's C entry point (6 word-sized integer
+    arguments), its :func:`call_record`, the arguments that stay the same from call to call and where the two that
+    change go."""
+
+    _fields_ = [("fn", ctypes.c_void_p), ("record", ctypes.c_longlong), ("args", ctypes.c_uint64 * 6),
+                ("vary", ctypes.c_int * 2)]
+
+
+def timed_call(entry: int, record: int, args: tuple = (0,) * 6, vary: tuple = (0, 5)) -> int:
+    """An op's timed call for the shim (a :class:`TimedFn`: the address of its C entry point, its
+    :func:`call_record`, its 6 arguments `args` of which those at the two indices `vary` are given per call), made
+    once per op and kept for the process like its record; returns its address, the first argument of
+    ``Session.timed``."""
+    if len(args) != 6 or len(vary) != 2 or not all(0 <= i < 6 for i in vary) or vary[0] == vary[1]:
+        raise ValueError(f"timed_call: args {args!r}, vary {vary!r}: expected 6 arguments and 2 distinct indices")
+    fn = TimedFn(entry, record, (ctypes.c_uint64 * 6)(*(int(a) for a in args)), (ctypes.c_int * 2)(*vary))
+    with _lock:
+        _TIMED_CALLS.append(fn)
+    return ctypes.addressof(fn)
 
 
 # -------------------------------------------------------------------------------------- op records
@@ -618,12 +745,12 @@ def group(name: str, **args) -> Iterator[Any]:
         return
     h = s.start(EventType.GROUP, name, s.top or None, **args)
     s.groups.append(h)
-    s.top = h
+    s.set_top(h)
     try:
         yield h
     finally:
         s.groups.pop()
-        s.top = s.groups[-1] if s.groups else 0
+        s.set_top(s.groups[-1] if s.groups else 0)
         s.stop(h)
 
 
