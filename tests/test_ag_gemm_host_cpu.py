@@ -321,6 +321,16 @@ def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, ne
     assert sum(o == (so.EVENT_WAIT, MAIN, "join") for o in fast[:second]) == len(gpu - {rank})
 
 
+def test_pulls_that_need_an_sm_are_from_my_gpu_or_unmapped_peers():
+    """Copy kernels (a peer on my GPU) and NVSHMEM's proxy kernels (a peer without a mapping: another node) need an SM;
+    a copy engine's pull from a mapped peer on another GPU does not; never myself."""
+    # 4 ranks, 2 per GPU ([0, 0, 1, 1]), rank 2's view; rank 0 not mapped (another node), rank 1 and 3 mapped
+    got = agm.pulls_needing_sms(4, 2, lambda p: p in (2, 3), lambda p: p != 0)
+    assert got == [True, False, False, True]
+    assert agm.pulls_needing_sms(2, 0, lambda p: p == 0, lambda p: True) == [False, False]    # distinct GPUs, mapped
+    assert agm.pulls_needing_sms(3, 1, lambda p: p == 1, lambda p: False) == [True, False, True]  # no mappings
+
+
 def test_same_gpu_reads_the_node_device_map():
     from tilescale import runtime
 

@@ -34,12 +34,14 @@ slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): 
 4. copy streams (one per peer src), after ``gate``: set ``ready[src]`` to 0; for each chunk of src's
    shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
    from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
-   ``freed[me] = 1`` on src. A src on this rank's own GPU (ranks sharing one) is pulled by a copy kernel,
-   which needs SMs: the main stream waits for that copy stream here (its join event), before step 5;
+   ``freed[me] = 1`` on src. A pull that needs an SM is done before step 5 (:func:`pulls_needing_sms`: the main
+   stream waits for that copy stream's join event here): from a src on this rank's own GPU (ranks sharing one: a
+   copy kernel), or from one NVSHMEM has no mapping to (another node: its on-stream get launches a one-thread proxy
+   kernel); a copy-engine pull from a mapped peer on another GPU is not waited for;
 5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
    ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA. (Were a copy kernel still
    to come, this GEMM's waiting tiles could hold every SM and it would never start: run 24's failure at 2
-   and 4 ranks sharing one H100, a wait that gave up after TILESCALE_WAIT_TIMEOUT_S);
+   and 4 ranks sharing one H100, a wait that gave up after TILESCALE_WAIT_TIMEOUT_S: RESULTS.md run 25);
 6. main stream: joins the copy streams and the local stream, then zeroes ``arrived`` (the next call's copy
    streams start after its step 3, so after this).
 
@@ -183,6 +185,15 @@ def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: 
     return ag_gemm
 
 
+def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool]:
+    """Per rank p, whether this rank's pull of p's shard needs an SM (step 4 of the module docstring), so that it must
+    end before the second GEMM's tiles, which wait for it, take every SM: p on this rank's GPU (``same_gpu(p)``: a copy
+    within one GPU is a copy kernel), or p not mapped here (``mapped(p)`` False: NVSHMEM's on-stream get from a peer
+    without a load/store mapping launches a one-thread proxy kernel, NVSHMEM's ``nvshmemi_proxy_rma_launcher``). A
+    mapped peer on another GPU is pulled by a copy engine. False for `rank` itself."""
+    return [p != rank and (same_gpu(p) or not mapped(p)) for p in range(world_size)]
+
+
 def kernel_plan(args: tuple) -> SplitPlan:
     """The :func:`grid_plan` of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them)."""
     bound = ag_gemm_kernel.signature.bind(*args)
@@ -275,8 +286,10 @@ class AGGemm(Op):
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
-        # a peer on my GPU (ranks sharing one): its pulls are copy kernels, done before the second GEMM (step 4)
-        self._pull_first = [p != self.rank and self.rt.info.same_gpu(p) for p in range(W)]
+        # pulls that need an SM are done before the second GEMM (step 4)
+        shim, at = self.rt.shim, self.a_full.data_ptr()
+        self._pull_first = pulls_needing_sms(W, self.rank, self.rt.info.same_gpu,
+                                             lambda p: near[p] or bool(shim.ts_ptr(at, p)))
         self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
         # my word of a flag on rank p: through its mapping, or the symmetric address for NVSHMEM's signal
         self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
