@@ -208,8 +208,9 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
     then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (the last wave's split).
 
-    Either GEMM may split its last wave (:func:`grid_plan`); at world size 1 and at 2 and 4 ranks sharing one H100
-    both were checked against torch over eager calls and CUDA graph replays (tests/gpu/ag_gemm_split_main.py)."""
+    Either GEMM may split its last wave (:func:`grid_plan`); checked against torch over eager calls and CUDA graph
+    replays (tests/gpu/ag_gemm_split_main.py) at world size 1, at 2 and 4 ranks sharing one H100 and at 2 ranks on
+    two H100s (RESULTS.md run 25)."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
     chunks = chunks or 4
@@ -373,7 +374,7 @@ class AGGemm(Op):
                     add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
                 add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
             signal("freed", src, s)
-            if self._pull_first[src]:      # copy kernels: done before the second GEMM takes the SMs
+            if self._pull_first[src]:      # a pull that needs an SM: done before the second GEMM takes them all
                 add(so.EVENT_RECORD, joins[j], stream=s)
                 add(so.EVENT_WAIT, joins[j])
         pre = ops
