@@ -224,7 +224,7 @@ class AllGather(DoubleBuffered):
         elif prof.quick_coll:   # the same, recorded here: four ints
             t0 = _now()
             self._launch(x, p, stream)
-            prof.raw.extend((self._quick_record() if self._record is None else self._record, prof.top, t0, _now()))
+            prof.raw.extend((self._quick_record(), prof.top, t0, _now()))
         else:   # not decided yet, or a session recording more than host events: OpCall
             return self._call_recorded(x, p, stream, out)
         if out is None and not self.captured:   # DoubleBuffered.slot_result, inline: the slot of the host's count

@@ -341,11 +341,12 @@ class ShimCalls:
     there are no timed calls. One buffer for the process (one session at a time); a mutex in the shim guards it, for
     any number of threads (ctypes releases the GIL around the calls)."""
 
-    __slots__ = ("call", "_take", "_group", "_buf", "pending", "lost")
+    __slots__ = ("call", "group", "_take", "_buf", "pending", "lost")
 
     def __init__(self, shim):
         self.call = shim.ts_timed_call
-        self._take, self._group = shim.ts_timed_take, shim.ts_timed_group
+        self._take = shim.ts_timed_take
+        self.group = shim.ts_timed_group   # group(top): the parent of the records made from now on (step 3)
         self.pending = ctypes.c_longlong.in_dll(shim, "ts_timed_pending")   # records waiting in the shim
         self.lost = ctypes.c_longlong.in_dll(shim, "ts_timed_lost")         # records the shim could not store
         self._buf = (ctypes.c_longlong * (4 * _TIMED_CHUNK))()
@@ -360,9 +361,6 @@ class ShimCalls:
         if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
             return None
         return cls(shim)
-
-    def group(self, group: int) -> None:
-        self._group(group)
 
     def drain(self, raw: list) -> None:
         """Move the shim's records to the end of `raw`, oldest first (quick records: four ints each)."""
@@ -409,7 +407,7 @@ class TimedFn(ctypes.Structure):
                 ("vary", ctypes.c_int * 2)]
 
 
-def timed_call(entry: int, record: int, args: tuple = (0,) * 6, vary: tuple = (0, 5)) -> int:
+def timed_call(entry: int, record: int, args: tuple, vary: tuple) -> int:
     """An op's timed call for the shim (a :class:`TimedFn`: the address of its C entry point, its
     :func:`call_record`, its 6 arguments `args` of which those at the two indices `vary` are given per call), made
     once per op and kept for the process like its record; returns its address, the first argument of
