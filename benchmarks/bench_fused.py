@@ -9,9 +9,14 @@ Shapes are those of the baseline table in the project's DEVICE.md (bf16):
 Columns (microseconds, slowest rank): NCCL alone, cuBLAS alone, NCCL then cuBLAS, async-TP
 (torch.ops.symm_mem.fused_*), tilescale fused, tilescale's GEMM alone (no waiting); ideal = max(NCCL
 alone, cuBLAS alone); ratio = tilescale / ideal (target <= 1.10); GEMM eff = cuBLAS / our GEMM alone.
-Every shape is checked against torch before it is timed. The columns of a shape are timed in turns (each repeat
-times every column once, timing.time_ops), so that every column sees the GPU at the same clock; ``--sequential``
-times each column's repeats before the next column's (the runs before run 20).
+Every shape is checked against torch before it is timed. ``--timing`` says how the columns of a shape are timed:
+``interleaved`` (the default since run 26: one call of each column after another, each call between its own
+events, timing.time_interleaved, so that every column runs in the same power and thermal state of the GPU),
+``turns`` (runs 20-25: each repeat times every column's calls back to back, one column after the other,
+timing.time_ops; the column timed after a light one, such as cuBLAS after NCCL, ran on a cooler GPU: RESULTS.md
+run 26 shows the same kernels at 0.92 or 0.99 of cuBLAS by the order of the columns) or ``sequential`` (each
+column's repeats before the next column's: the runs before run 20). ``--reverse`` times the columns in the
+reverse order.
 """
 import argparse
 import sys
@@ -19,14 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import environment, print_table, time_op, time_ops, write_json  # noqa: E402
+from timing import environment, print_table, time_interleaved, time_op, time_ops, write_json  # noqa: E402
 
 import tilescale  # noqa: E402
 
 AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
              (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]
 RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]
-SEQUENTIAL = False   # --sequential: time each fn's repeats one after the other (see timer)
+TIMING = "interleaved"   # --timing (see timer)
+REVERSE = False          # --reverse: the columns timed in the reverse order
 
 
 def _async_tp():
@@ -47,10 +53,14 @@ def _async_tp():
 
 
 def timer(fns: dict, iters: int) -> dict:
-    """{name: us per call}: in turns (timing.time_ops; the default), or each fn's repeats one after the other
-    (``--sequential``, the method of the runs before run 20: the fns timed later ran at a lower clock)."""
-    if SEQUENTIAL:
+    """{name: us per call} by ``--timing`` (module docstring), the columns in the order of `fns` (reversed with
+    ``--reverse``); interleaved timing adds ``_idle``, the share of a round the GPU spent between calls."""
+    if REVERSE:
+        fns = dict(reversed(fns.items()))
+    if TIMING == "sequential":
         return {name: time_op(fn, iters=iters) for name, fn in fns.items()}
+    if TIMING == "interleaved":
+        return time_interleaved(fns, iters=iters)
     return time_ops(fns, iters=iters)
 
 
@@ -193,6 +203,9 @@ def report(rows, W, title):
                         "TFLOP/s", "GEMM eff", "vs NCCL+cuBLAS", "vs async-TP"], table)
     met = [r for r in rows if r["ratio_to_ideal"] <= 1.10]
     print(f"target ts/ideal <= 1.10: met on {len(met)} of {len(rows)} shapes")
+    idle = [r["_idle"] for r in rows if "_idle" in r]
+    if idle:
+        print(f"interleaved timing: the GPU idle between calls for at most {max(idle):.1%} of a round")
 
 
 def run(info, args):
@@ -223,7 +236,7 @@ def run(info, args):
             report(rows, info.world_size, f"GEMM+RS {args.dtype}, {info.world_size} x {environment()['gpu']} (us)")
         all_rows += rows
     if info.rank == 0:
-        write_json(args.json, dict(env=environment(), dtype=args.dtype, timing="sequential" if SEQUENTIAL else "turns",
+        write_json(args.json, dict(env=environment(), dtype=args.dtype, timing=TIMING, reverse=REVERSE,
                                    rows=all_rows))
     print(f"[rank {info.rank}] OK: fused benchmark done", flush=True)
 
@@ -242,8 +255,9 @@ if __name__ == "__main__":
     ap.add_argument("--max-shapes", type=int, default=99)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--sequential", action="store_true",
-                    help="time each column's repeats one after the other, not in turns (the method before run 20)")
+    ap.add_argument("--timing", choices=["turns", "interleaved", "sequential"], default=TIMING,
+                    help="how the columns of a shape are timed (module docstring)")
+    ap.add_argument("--reverse", action="store_true", help="time the columns in the reverse order")
     a = ap.parse_args()
-    SEQUENTIAL = a.sequential
+    TIMING, REVERSE = a.timing, a.reverse
     tilescale.testing.example_main(lambda info: run(info, a), build)

@@ -52,6 +52,62 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
     return dict(zip(res, t.tolist(), strict=True))
 
 
+def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> dict:
+    """{name: microseconds per call} of each of `fns` ({name: fn}), their calls interleaved: every repeat makes
+    `iters` passes over the fns, one call of each per pass (the order rotated by one fn each pass, so that each fn
+    follows every other equally often), every call between CUDA events of its own; a fn's time is the median over
+    repeats of its calls' mean (max over ranks when a process group exists: ranks start each repeat together).
+
+    Why: in turns (:func:`time_ops`) a fn's `iters` calls run back to back, so the fn timed after a light one (a
+    short collective) starts on a GPU that has cooled and clocks higher than the one timed after a heavy one (RESULTS.md
+    run 26: the same kernels 0.92 or 0.99 of cuBLAS by the order of the columns); interleaved calls share the GPU's
+    power and thermal state. Each call's events measure its GPU time: the host's time between calls is not counted
+    while the GPU's queue stays ahead of the host, which holds for the GEMM-sized calls it is used for. ``_idle``
+    (the share of a round the GPU spent between calls, the largest over repeats and ranks) shows a host-bound fn."""
+    import torch
+
+    dist = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from tilescale import staged_collectives
+
+        dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
+    names = list(fns)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    res = {name: [] for name in names}
+    idle = 0.0
+    for _ in range(repeats):
+        if dist is not None:
+            dist.barrier()
+        torch.cuda.synchronize()
+        marks = []
+        for i in range(iters):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fns[name]()
+                e.record()
+                marks.append((name, s, e))
+        marks[-1][2].synchronize()
+        per = dict.fromkeys(names, 0.0)
+        for name, s, e in marks:
+            per[name] += s.elapsed_time(e) * 1e3
+        for name in names:
+            res[name].append(per[name] / iters)
+        span = marks[0][1].elapsed_time(marks[-1][2]) * 1e3
+        idle = max(idle, 1.0 - sum(per.values()) / span if span > 0 else 0.0)
+    out = {name: statistics.median(v) for name, v in res.items()}
+    out["_idle"] = idle
+    if dist is None:
+        return out
+    t = torch.tensor(list(out.values()), device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(out, t.tolist(), strict=True))
+
+
 def host_us_per_call(fn, calls: int = 1000, batch: int = 20, warmup: int = 2, sync=None) -> list[float]:
     """Host microseconds of each of `calls` calls of `fn` (rounded up to whole batches), in call order: the wall
     time of the Python call alone (``time.perf_counter_ns`` around it), the calls made in batches of `batch`

@@ -76,6 +76,67 @@ def test_quantile_and_host_stats(timing):
     assert timing.target_status(3.0, 3.0) == "MET" and timing.target_status(9.0, None) == "-"
 
 
+class _FakeGpu:
+    """A GPU clock for timing.time_interleaved on CPU: a fn's call advances it by the fn's duration; a fn may
+    leave the GPU idle after its call (the host late with the next one): the clock jumps by that gap at the event
+    recorded after the call's end event; an event records the clock; ``elapsed_time`` is in ms, as torch's."""
+
+    def __init__(self):
+        self.now, self.gap, self.pending, self.calls = 0.0, 0.0, 0.0, []
+
+    def event(self, enable_timing=False):
+        gpu = self
+
+        class Event:
+            def record(self):
+                gpu.now += gpu.gap      # the GPU waited for the host since the last event
+                gpu.gap, gpu.pending = gpu.pending, 0.0
+                self.t = gpu.now
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+            def synchronize(self):
+                pass
+
+        return Event()
+
+    def fn(self, name, ms, gap=0.0):
+        def call():
+            self.calls.append(name)
+            self.now += ms
+            self.pending = gap
+        return call
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    gpu = _FakeGpu()
+    monkeypatch.setattr(torch.cuda, "Event", gpu.event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    return gpu
+
+
+def test_time_interleaved_rotates_the_calls_and_gives_each_fn_its_own_time(timing, fake_gpu):
+    fns = {"a": fake_gpu.fn("a", 1.0), "b": fake_gpu.fn("b", 2.0), "c": fake_gpu.fn("c", 3.5)}
+    t = timing.time_interleaved(fns, warmup=1, iters=3, repeats=2)
+    assert t == {"a": 1000.0, "b": 2000.0, "c": 3500.0, "_idle": 0.0}
+    # warm-up (each fn once, in order), then per repeat 3 passes, each rotated by one: every fn follows each other
+    one = ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert fake_gpu.calls == ["a", "b", "c"] + one + one
+
+
+def test_time_interleaved_reports_the_gpu_idle_between_calls(timing, fake_gpu):
+    # "host" leaves the GPU idle 1 ms after each of its calls: not counted in any fn's time, reported as _idle
+    fns = {"gemm": fake_gpu.fn("gemm", 3.0), "host": fake_gpu.fn("host", 1.0, gap=1.0)}
+    t = timing.time_interleaved(fns, warmup=0, iters=4, repeats=1)
+    assert (t["gemm"], t["host"]) == (3000.0, 1000.0)
+    # passes gemm host | host gemm | gemm host | host gemm: 16 ms of calls, a 1 ms gap after each host call
+    assert t["_idle"] == pytest.approx(1 - 16 / 20)
+
+
 # --------------------------------------------------------------------------------------- bench_host.py
 def _row(op, median, *, target=None, kind="tilescale", growth=1.0, last=1.0):
     return dict(op=op, world_size=2, median=median, p10=median * 0.9, p90=median * 1.2, growth=growth,
