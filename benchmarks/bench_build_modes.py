@@ -13,11 +13,12 @@ tilelang makes it TMA + wgmma, warp-specialised):
   rdc_st        the same built with -rdc=true: ptxas still drops setmaxnreg (C7504) but has no call to serialise
                 wgmma around (no C7509), so rdc / rdc_st splits the rdc mode's loss between the two
   cuBLAS        torch.matmul
-Prints a table with TFLOP/s and the ratio to tilelang; every variant is checked against torch first.
+Prints a table with TFLOP/s and the ratio to tilelang; every variant is checked against torch first. The
+variants' calls are timed interleaved, one call of each after another (timing.time_interleaved; round-robin
+batches of 20 calls before run 26).
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import tilelang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import time_op  # noqa: E402
+from timing import time_interleaved  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
@@ -101,12 +102,11 @@ def run(info, args):
             raise AssertionError(f"{n}: relative max error {err:.3g} vs torch (expected < 1e-2)")
     fns = {n: (lambda k=k: k(A, B, C, flag)) for n, k in kernels.items()}
     fns["cuBLAS"] = lambda: torch.matmul(A, B, out=C)
-    times = {n: [] for n in fns}
-    for _ in range(args.repeats):  # round-robin so clocks and heat hit every variant alike
-        for n, fn in fns.items():
-            times[n].append(time_op(fn, args.warmup, args.iters, repeats=1) / 1e3)  # ms
+    # the variants' calls interleaved one by one, so that clocks and heat hit every variant alike (run 26)
+    us = time_interleaved(fns, args.warmup, args.iters, args.repeats)
+    ms = {n: us[n] / 1e3 for n in fns}
     flop = 2.0 * M * N * K
-    tf = {n: flop / (statistics.median(t) * 1e-3) / 1e12 for n, t in times.items()}
+    tf = {n: flop / (ms[n] * 1e-3) / 1e12 for n in fns}
     rows = []
     print(f"\nGEMM bf16 {M}x{N}x{K}, {torch.cuda.get_device_name()} (median of {args.repeats} x {args.iters})")
     print(f"{'variant':10} {'backend':8} {'mode':8} {'ms':>8} {'TFLOP/s':>8} {'vs tilelang':>11} {'max rel err':>11}")
@@ -114,10 +114,10 @@ def run(info, args):
         be = backends.get(n, "cuBLAS")
         mode = getattr(kernels.get(n), "build_mode", None) or "-"
         ratio = tf[n] / tf["tilelang"]
-        rows.append(dict(variant=n, backend=be, mode=mode, ms=statistics.median(times[n]), tflops=tf[n],
+        rows.append(dict(variant=n, backend=be, mode=mode, ms=ms[n], tflops=tf[n],
                          vs_tilelang=ratio, err=errs.get(n)))
         e = f"{errs[n]:.2e}" if n in errs else "-"
-        print(f"{n:10} {be:8} {mode:8} {statistics.median(times[n]):8.3f} {tf[n]:8.1f} {ratio:11.3f} {e:>11}")
+        print(f"{n:10} {be:8} {mode:8} {ms[n]:8.3f} {tf[n]:8.1f} {ratio:11.3f} {e:>11}")
     ok = tf["inlined"] / tf["tilelang"] >= 0.97 and tf["rdc"] / tf["tilelang"] >= 0.97
     print(f"target: with an NVSHMEM call, >= 0.97 of tilelang in each mode: {'MET' if ok else 'MISSED'}")
     ok_st = min(tf["inlined_st"], tf["rdc_st"]) / tf["tilelang"] >= 0.97
