@@ -10,7 +10,7 @@
 #   push     bench_gemm_configs.py --push: GEMM+RS's push kernel (rank 0's work of W, on this GPU alone) with its
 #            tuned config per shape and W vs cuBLAS and the pull path's GEMM -> OUTDIR/gemm_rs_push.json
 #   modes    bench_build_modes.py: plain tilelang vs @tilescale.jit, inlined and rdc build modes, cuBLAS
-#   ws1      bench_fused.py at world size 1: each fused op vs cuBLAS alone (the yardstick: <= 1.03)
+#   ws1      bench_fused.py at world size 1: each fused op vs cuBLAS alone (the yardstick: <= 1.03), calls interleaved
 #   host     bench_host.py at world size 1: host us per call
 #   profile  profile_ag_gemm.py at world size 1: the profiler's overheads
 #
