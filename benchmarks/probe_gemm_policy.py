@@ -18,9 +18,7 @@ Each kernel's result is checked against cuBLAS (relative error < 1e-2) before it
 """
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from timing import print_table, round_us  # noqa: E402
+from bench_gemm_configs import time_in_turns  # noqa: E402
+from timing import print_table  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
@@ -54,6 +53,22 @@ def shapes() -> list[tuple[int, int, int]]:
     return out
 
 
+@T.macro
+def _tile(A, B, C, by, bx, block_m: int, block_n: int, block_k: int, stages: int, pol, dtype: str):
+    """One output tile, ``C[by, bx] = A[by, :] @ B[:, bx]``: the fused ops' tile loop with warp policy `pol`."""
+    As = T.alloc_shared((block_m, block_k), dtype)
+    Bs = T.alloc_shared((block_k, block_n), dtype)
+    Cl = T.alloc_fragment((block_m, block_n), "float32")
+    Cs = T.alloc_shared((block_m, block_n), dtype)
+    T.clear(Cl)
+    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k), num_stages=stages):
+        T.copy(A[by * block_m, ko * block_k], As)
+        T.copy(B[ko * block_k, bx * block_n], Bs)
+        T.gemm(As, Bs, Cl, policy=pol)
+    T.copy(Cl, Cs)
+    T.copy(Cs, C[by * block_m, bx * block_n])
+
+
 @tilescale.jit
 def plain_kernel(block_m: int, block_n: int, block_k: int, stages: int, swizzle: int, policy: str,
                  dtype: str = "bfloat16"):
@@ -64,18 +79,8 @@ def plain_kernel(block_m: int, block_n: int, block_k: int, stages: int, swizzle:
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=256) as (bx, by):
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
             T.use_swizzle(panel_size=swizzle)
-            T.clear(Cl)
-            for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                T.copy(A[by * block_m, ko * block_k], As)
-                T.copy(B[ko * block_k, bx * block_n], Bs)
-                T.gemm(As, Bs, Cl, policy=pol)
-            T.copy(Cl, Cs)
-            T.copy(Cs, C[by * block_m, bx * block_n])
+            _tile(A, B, C, by, bx, block_m, block_n, block_k, stages, pol, dtype)
 
     return gemm
 
@@ -90,18 +95,8 @@ def persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int, swi
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(SMS, threads=256) as bid:
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
-            Cl = T.alloc_fragment((block_m, block_n), "float32")
-            Cs = T.alloc_shared((block_m, block_n), dtype)
             for by, bx in T.Persistent([T.ceildiv(M, block_m), T.ceildiv(N, block_n)], SMS, bid, swizzle):
-                T.clear(Cl)
-                for ko in T.Pipelined(T.ceildiv(K, block_k), num_stages=stages):
-                    T.copy(A[by * block_m, ko * block_k], As)
-                    T.copy(B[ko * block_k, bx * block_n], Bs)
-                    T.gemm(As, Bs, Cl, policy=pol)
-                T.copy(Cl, Cs)
-                T.copy(Cs, C[by * block_m, bx * block_n])
+                _tile(A, B, C, by, bx, block_m, block_n, block_k, stages, pol, dtype)
 
     return gemm
 
@@ -144,22 +139,6 @@ def compile_all(items, workers: int, build_only: bool) -> tuple[dict, dict]:
                 print(f"  {name}: FAILED {err[:200]}", flush=True)
     print(f"built {len(items) - len(errors)} of {len(items)} kernels in {time.time() - t0:.0f} s", flush=True)
     return kernels, errors
-
-
-def time_in_turns(fns: dict, reps: int, target_us: float) -> dict:
-    """{name: us per call}: `reps` rounds timing every fn in turn, each over about `target_us` of cuBLAS; the
-    median round."""
-    import torch
-
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    iters = max(3, min(50, math.ceil(target_us / max(round_us(fns["cublas"], 3), 1.0))))
-    rounds = {key: [] for key in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            rounds[key].append(round_us(fn, iters))
-    return {key: statistics.median(v) for key, v in rounds.items()}
 
 
 def run(args) -> None:
