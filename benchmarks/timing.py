@@ -31,7 +31,8 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
     calls of each fn, one fn after the other (the median over repeats of each, max over ranks). Timing one fn's
     repeats all before the next fn's (:func:`time_op` per fn) lets the GPU's clock differ between them: a GPU
     that has run GEMMs for a while at its power limit runs the next ones at a lower clock, so whatever is timed
-    last looks slower. Turns give every fn the same conditions."""
+    last looks slower. Turns give every fn the same conditions on average, not per fn: the fn timed right after a
+    light one (a short collective) starts on a cooler GPU (RESULTS.md run 26); :func:`time_interleaved` removes that."""
     import torch
 
     from tilescale import staged_collectives
