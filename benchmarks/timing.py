@@ -38,19 +38,35 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
     from tilescale import staged_collectives
 
     dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
+    _warm_up(fns, warmup)
     res = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             dist.barrier()      # ranks start each round together, so that skew does not count
             torch.cuda.synchronize()
             res[name].append(round_us(fn, iters))
-    t = torch.tensor([statistics.median(v) for v in res.values()], device="cuda")
+    return _slowest_rank({name: statistics.median(v) for name, v in res.items()}, dist)
+
+
+def _warm_up(fns: dict, warmup: int) -> None:
+    """`warmup` calls of each fn, then a device synchronize."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+
+
+def _slowest_rank(values: dict, dist) -> dict:
+    """`values` ({name: float}) with each value the largest over the ranks of `dist`'s group (None: this rank's)."""
+    if dist is None:
+        return values
+    import torch
+
+    t = torch.tensor(list(values.values()), device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(res, t.tolist(), strict=True))
+    return dict(zip(values, t.tolist(), strict=True))
 
 
 def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> dict:
@@ -73,10 +89,7 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
 
         dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     names = list(fns)
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
+    _warm_up(fns, warmup)
     res = {name: [] for name in names}
     idle = 0.0
     for _ in range(repeats):
@@ -102,11 +115,7 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
         idle = max(idle, 1.0 - sum(per.values()) / span if span > 0 else 0.0)
     out = {name: statistics.median(v) for name, v in res.items()}
     out["_idle"] = idle
-    if dist is None:
-        return out
-    t = torch.tensor(list(out.values()), device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(out, t.tolist(), strict=True))
+    return _slowest_rank(out, dist)
 
 
 def host_us_per_call(fn, calls: int = 1000, batch: int = 20, warmup: int = 2, sync=None) -> list[float]:
