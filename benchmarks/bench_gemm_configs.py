@@ -232,10 +232,16 @@ def all_builds() -> list[tuple]:
 
 
 def compile_all(builds, workers: int, build_only: bool):
-    """{kernel_key: kernel or None}, {kernel_key: error} -- all builds in parallel threads (tilelang's
-    lowering releases the GIL; nvcc runs as a subprocess)."""
-    tirs = [(c, e, gemm_persistent_kernel.get_tir(*kernel_key(c, e)[:6]) if e == "persistent"
-             else gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds]   # elaborate in this thread
+    """{kernel_key: kernel or None}, {kernel_key: error} of [(config, epilogue)] -- :func:`build_tirs`."""
+    return build_tirs([(kernel_key(c, e), gemm_persistent_kernel.get_tir(*kernel_key(c, e)[:6]) if e == "persistent"
+                        else gemm_kernel.get_tir(*kernel_key(c, e))) for c, e in builds],   # elaborated in this thread
+                      workers, build_only)
+
+
+def build_tirs(tirs, workers: int, build_only: bool):
+    """{key: kernel or None}, {key: error} of [(key, prim_func)] -- all built in parallel threads (tilelang's
+    lowering releases the GIL; nvcc runs as a subprocess); `build_only`: compile and link for sm_90a without a GPU
+    (against tilescale's stub libcuda), load nothing. A kernel tilelang or nvcc refuses is noted, not raised."""
     flags = []
     if build_only:   # no driver here: link tilelang's -lcuda against tilescale's stub
         from tilescale.toolchain import stub_libcuda_dir
@@ -244,14 +250,14 @@ def compile_all(builds, workers: int, build_only: bool):
         flags = [f"-L{stub}"] if stub is not None else []
 
     def one(item):
-        c, e, pf = item
+        key, pf = item
         t0 = time.time()
         try:
             k = tilescale.build(pf, compile_flags=flags) if build_only else tilescale.compile(pf)
-            return kernel_key(c, e), k, None, time.time() - t0
+            return key, k, None, time.time() - t0
         except Exception as ex:  # noqa: BLE001  (a configuration tilelang or nvcc refuses: skipped, noted)
             msg = " ".join(str(ex).split())
-            return kernel_key(c, e), None, f"{type(ex).__name__}: {msg[:300]}", time.time() - t0
+            return key, None, f"{type(ex).__name__}: {msg[:300]}", time.time() - t0
 
     kernels, errors = {}, {}
     t0 = time.time()
@@ -261,7 +267,7 @@ def compile_all(builds, workers: int, build_only: bool):
             if err:
                 errors[key] = err
             print(f"  built {key} in {dt:.0f} s{'' if err is None else ' -- FAILED: ' + err[:160]}", flush=True)
-    print(f"compiled {len(builds)} kernels in {time.time() - t0:.0f} s with {workers} threads, "
+    print(f"compiled {len(tirs)} kernels in {time.time() - t0:.0f} s with {workers} threads, "
           f"{len(errors)} failed", flush=True)
     return kernels, errors
 

@@ -20,24 +20,18 @@ import argparse
 import json
 import os
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_gemm_configs import time_in_turns  # noqa: E402
+from bench_gemm_configs import AG_SHAPES, RS_SHAPES, SMS, WORLD_SIZES, build_tirs, time_in_turns  # noqa: E402
 from timing import print_table  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
 
-AG_SHAPES = [(4096, 8192, 2048), (4096, 8192, 7168), (8192, 8192, 2048), (8192, 8192, 7168),
-             (16384, 8192, 2048), (16384, 8192, 7168), (8192, 4096, 2752)]       # (M, K, N), as bench_fused
-RS_SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192)]       # (M, K, N), K the full K
-SMS = 132
 POLICIES = {"sq": "Square", "fr": "FullRow"}
 # (block_m, block_n, block_k, stages, swizzle); every one with 256 consumer threads (two warpgroups)
 PLAIN = [(128, 256, 64, 3, 10), (128, 256, 64, 4, 10), (128, 256, 64, 3, 4), (256, 128, 64, 3, 10),
@@ -48,7 +42,7 @@ PERSISTENT = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8)]      # swizzle: T.Pers
 def shapes() -> list[tuple[int, int, int]]:
     """[(M, N, K)] in table order."""
     out = [(M, N, K) for M, K, N in AG_SHAPES]
-    for W in (2, 4, 8):
+    for W in WORLD_SIZES:
         out += [(M, N, K // W) for M, K, N in RS_SHAPES]
     return out
 
@@ -70,81 +64,44 @@ def _tile(A, B, C, by, bx, block_m: int, block_n: int, block_k: int, stages: int
 
 
 @tilescale.jit
-def plain_kernel(block_m: int, block_n: int, block_k: int, stages: int, swizzle: int, policy: str,
-                 dtype: str = "bfloat16"):
-    """C = A @ B, one block per tile (the fused ops' tile loop with `policy`); M, N, K at run time."""
+def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, swizzle: int, policy: str,
+                persistent: bool = False, dtype: str = "bfloat16"):
+    """C = A @ B with the fused ops' tile loop and warp `policy`; M, N, K at run time. One block per tile (tiles
+    launched in panels of `swizzle` rows), or `persistent`: SMS blocks walking the tiles (``T.Persistent``, groups
+    of `swizzle`)."""
     M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
     pol = getattr(T.GemmWarpPolicy, POLICIES[policy])
 
     @T.prim_func
     def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=256) as (bx, by):
-            T.use_swizzle(panel_size=swizzle)
-            _tile(A, B, C, by, bx, block_m, block_n, block_k, stages, pol, dtype)
-
-    return gemm
-
-
-@tilescale.jit
-def persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int, swizzle: int, policy: str,
-                      dtype: str = "bfloat16"):
-    """C = A @ B on SMS blocks walking the tiles (``T.Persistent``, groups of `swizzle`); M, N, K at run time."""
-    M, N, K = T.dynamic("m"), T.dynamic("n"), T.dynamic("k")
-    pol = getattr(T.GemmWarpPolicy, POLICIES[policy])
-
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(SMS, threads=256) as bid:
-            for by, bx in T.Persistent([T.ceildiv(M, block_m), T.ceildiv(N, block_n)], SMS, bid, swizzle):
+        if persistent:
+            with T.Kernel(SMS, threads=256) as bid:
+                for by, bx in T.Persistent([T.ceildiv(M, block_m), T.ceildiv(N, block_n)], SMS, bid, swizzle):
+                    _tile(A, B, C, by, bx, block_m, block_n, block_k, stages, pol, dtype)
+        else:
+            with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=256) as (bx, by):
+                T.use_swizzle(panel_size=swizzle)
                 _tile(A, B, C, by, bx, block_m, block_n, block_k, stages, pol, dtype)
 
     return gemm
 
 
 def builds() -> list[tuple]:
-    """[(name, jit function, args)]: every plain config in both policies, the persistent ones in FullRow."""
-    out = []
-    for bm, bn, bk, s, sw in PLAIN:
-        for pol in POLICIES:
-            out.append((f"{bm}x{bn}x{bk} s{s} sw{sw} {pol}", plain_kernel, (bm, bn, bk, s, sw, pol)))
-    for bm, bn, bk, s, g in PERSISTENT:
-        out.append((f"{bm}x{bn}x{bk} s{s} pers {'fr'}", persistent_kernel, (bm, bn, bk, s, g, "fr")))
-    return out
+    """[(name, args of gemm_kernel)]: every plain config in both policies, the persistent ones in FullRow."""
+    out = [(f"{bm}x{bn}x{bk} s{s} sw{sw} {pol}", (bm, bn, bk, s, sw, pol))
+           for bm, bn, bk, s, sw in PLAIN for pol in POLICIES]
+    return out + [(f"{bm}x{bn}x{bk} s{s} pers fr", (bm, bn, bk, s, g, "fr", True)) for bm, bn, bk, s, g in PERSISTENT]
 
 
-def compile_all(items, workers: int, build_only: bool) -> tuple[dict, dict]:
-    """({name: kernel}, {name: error}), built in parallel threads (as bench_gemm_configs.compile_all)."""
-    tirs = [(name, fn.get_tir(*args)) for name, fn, args in items]
-    flags = []
-    if build_only:
-        from tilescale.toolchain import stub_libcuda_dir
-
-        stub = stub_libcuda_dir()
-        flags = [f"-L{stub}"] if stub is not None else []
-
-    def one(item):
-        name, pf = item
-        try:
-            return name, (tilescale.build(pf, compile_flags=flags) if build_only else tilescale.compile(pf)), None
-        except Exception as ex:  # noqa: BLE001  (a config tilelang or nvcc refuses: noted, skipped)
-            return name, None, f"{type(ex).__name__}: {' '.join(str(ex).split())[:300]}"
-
-    kernels, errors = {}, {}
-    t0 = time.time()
-    with ThreadPoolExecutor(max(1, workers)) as ex:
-        for name, k, err in ex.map(one, tirs):
-            kernels[name] = k
-            if err:
-                errors[name] = err
-                print(f"  {name}: FAILED {err[:200]}", flush=True)
-    print(f"built {len(items) - len(errors)} of {len(items)} kernels in {time.time() - t0:.0f} s", flush=True)
-    return kernels, errors
+def compile_all(build_only: bool, workers: int) -> tuple[dict, dict]:
+    """({name: kernel or None}, {name: error}) of :func:`builds` (bench_gemm_configs.build_tirs)."""
+    return build_tirs([(name, gemm_kernel.get_tir(*args)) for name, args in builds()], workers, build_only)
 
 
 def run(args) -> None:
     import torch
 
-    kernels, errors = compile_all(builds(), args.workers, build_only=False)
+    kernels, errors = compile_all(False, args.workers)
     results, rows = [], []
     for M, N, K in shapes():
         g = torch.Generator(device="cuda").manual_seed(M * 31 + N * 7 + K)
@@ -199,8 +156,8 @@ def wgmma_shapes() -> None:
 
     from tilescale.build_only import lower_source
 
-    for name, fn, args in builds():
-        src = lower_source(fn.get_tir(*args))
+    for name, args in builds():
+        src = lower_source(gemm_kernel.get_tir(*args))
         found = sorted(set(re.findall(r"wgmma_ss<[^>]*?, (\d+), (\d+), (\d+), ", src)))
         print(f"{name:28s} " + ", ".join(f"m{m}n{n}k{k}" for m, n, k in found))
 
@@ -217,7 +174,7 @@ def main() -> None:
     if args.wgmma:
         wgmma_shapes()
     elif args.compile_check:
-        _, errors = compile_all(builds(), args.workers, build_only=True)
+        _, errors = compile_all(True, args.workers)
         sys.exit(1 if errors else 0)
     else:
         run(args)
