@@ -169,7 +169,7 @@ def _gemm_alone(op, x, w):
     (``gemm_rs_push_loopback_kernel``; at world size 1 the same work as the op)."""
     import torch
 
-    from tilescale.ops.gemm_reduce_scatter import MAX_PUSH_RANKS, gemm_rs_push_loopback_kernel
+    from tilescale.ops.gemm_reduce_scatter import gemm_rs_push_loopback_kernel
 
     if op.path == "pull":
         scratch, calls = torch.zeros_like(op.done), torch.zeros_like(op.gemm_counters)
@@ -177,7 +177,7 @@ def _gemm_alone(op, x, w):
     k = gemm_rs_push_loopback_kernel(*op.gemm_args)
     R, arrived = torch.zeros_like(op.R), torch.zeros_like(op.arrived)
     args = (x, w, torch.empty(op.M // op.world_size, op.N, dtype=op.dtype, device=x.device), R, arrived,
-            torch.zeros_like(op.gemm_counters), *[R] * (MAX_PUSH_RANKS - 1), *[arrived] * (MAX_PUSH_RANKS - 1))
+            torch.zeros_like(op.gemm_counters), R, arrived)     # (Rp, Ap: unused by the loopback kernel)
     return lambda: k(*args)
 
 

@@ -52,6 +52,7 @@ from tilescale.ops.gemm import (  # noqa: E402
     split_plan,
     split_tile_loop,
     split_workspace,
+    storing_warp,
     tile_buffers,
     tile_loop,
     tile_order,
@@ -129,10 +130,12 @@ def gemm_kernel(block_m: int, block_n: int, block_k: int, stages: int, threads: 
         with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads) as (bx, by):
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             tile_loop(A, B, C, As, Bs, Cl, Cs, by, bx, stages, False)
-            if epilogue == "signal":
-                T.release_stores(done[by], 1, scope="sys")
+            if epilogue == "signal":                 # (as GEMM+RS: once per tile, by the warp that stored it)
+                if T.get_thread_binding() // 32 == storing_warp(threads):
+                    T.release_stores(done[by], 1, scope="sys")
             elif epilogue == "signal_gpu":
-                T.release_stores(done[by], 1, scope="gpu")
+                if T.get_thread_binding() // 32 == storing_warp(threads):
+                    T.release_stores(done[by], 1, scope="gpu")
 
     return gemm
 
@@ -439,7 +442,7 @@ def run_split(args) -> None:
 def run_push(args) -> None:
     """--push: GEMM+RS's one kernel (its push path, tilescale/ops/gemm_reduce_scatter.py) as rank 0 of W runs it,
     on this GPU alone (``gemm_rs_push_loopback_kernel``: its pushes go into its own memory, counted in its own
-    words, where its own tiles wait for them and add them), with the op's config of each (shape, W) and with the
+    words, where its next steps wait for them and add them), with the op's config of each (shape, W) and with the
     pull path's tuned one; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its count released at GPU
     scope, to split what the count costs) and the plain tile loop ("tma"), timed in turns in the same run; 3
     back-to-back calls checked first. What it cannot show: NVLink's latency and bandwidth (the stores go to this
@@ -453,7 +456,8 @@ def run_push(args) -> None:
     probs = [(W, (M, N, K)) for op, W, (M, N, K) in problems() if op == "gemm_rs"]
     cfgs = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs") for p in probs}        # the pull path's GEMM's
     ops = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs_push") for p in probs}    # the push kernel's
-    pushed = {p: list(dict.fromkeys([ops[p], c])) for p, c in cfgs.items()}             # the op's first
+    pushed = {p: list(dict.fromkeys([ops[p]] + [c] * (check(c, *p[1], world_size=p[0], op="gemm_rs_push") is None)))
+              for p, c in cfgs.items()}     # the op's first; the pull path's where it fits (the push kernel's smem)
     jobs = {(p, c): (grs.gemm_rs_push_loopback_kernel, (p[1][0], p[1][1], p[1][2], p[0], "bfloat16", c.block_m,
                                                         c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
             for p, cs in pushed.items() for c in cs}
@@ -477,10 +481,11 @@ def run_push(args) -> None:
             fn, fargs = jobs[((W, (M, N, K)), c)]
             push = fn(*fargs)
             C = torch.full((rows_w, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            R = torch.zeros(2 * max(W - 1, 1) * rows_w, N, device="cuda", dtype=torch.bfloat16)
-            arrived = torch.zeros(rows_w // c.block_m * (N // c.block_n), device="cuda", dtype=torch.uint64)
+            slab, words = grs.push_shapes(M, N, W, c.block_m, c.block_n)
+            R = torch.zeros(slab, device="cuda", dtype=torch.bfloat16)
+            arrived = torch.zeros(words, device="cuda", dtype=torch.uint64)
             counters = torch.zeros((M // c.block_m) * (N // c.block_n), device="cuda", dtype=torch.int64)
-            a = (X, B, C, R, arrived, counters, *[R] * 7, *[arrived] * 7)
+            a = (X, B, C, R, arrived, counters, R, arrived)     # (Rp, Ap: unused by the loopback kernel)
             for _ in range(3):          # back-to-back calls: both halves of R, the counts of calls 1-3
                 C.fill_(float("nan"))
                 push(*a)

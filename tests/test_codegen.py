@@ -184,6 +184,12 @@ def every_op(n: int = N, world_size: int = W):
             T.barrier_all()
             T.sync_all(scope="warp")
             T.release_stores(flag[6], 2, scope="gpu")
+            landed = T.alloc_shared((1,), "uint64", scope="shared")
+            padded = T.alloc_shared((64, 72), "float16")
+            T.init_barrier(landed)
+            if T.get_thread_binding() < 32:
+                T.load_async(tile[0:64, 0:64], padded[0:64, 0:64], barrier=landed)
+            T.wait_barrier(landed, 0)
             out[0] = T.cast(d, "int64")
             out[1] = T.cast(e, "int64")
             out[2] = T.cast(g, "int64")
@@ -335,8 +341,12 @@ def test_generated_source_of_distributed_kernel(every_op_build):
                  "tilescale::put_signal<2>", "tilescale::signal_op(", "tilescale::wait_until<unsigned long long>",
                  "tilescale::ld_pe<", "tilescale::st_pe<", "tilescale::atom_add_pe<", "tilescale::atom_cas_pe<",
                  "tilescale::peer_ptr(", "nvshmem_fence()", "nvshmem_quiet()", "tilescale::barrier_all<2>()",
-                 "tilescale::sync_all<1>()", "tilescale::release_stores<1, int, 0>("):
+                 "tilescale::sync_all<1>()", "tilescale::release_stores<1, int, 0>(",
+                 "tilescale::init_barrier((&(landed[0])), 1);", "tilescale::wait_barrier((&(landed[0])), 0);"):
         assert call in src, f"{call} missing"
+    # 64 rows of 128 bytes, 128 bytes apart in `tile`, 144 apart in `padded`
+    assert re.search(r"tilescale::load_rows_async\(\(&\(tile\[0\]\)\), \(&\(\(\(half_t\*\)padded\)\[0\]\)\), "
+                     r"64, 128, 128, 144, \(&\(landed\[0\]\)\)\);", src), src
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params
     # inlined mode: no RDC re-basing of shared memory

@@ -155,7 +155,7 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     # the pull path (GEMM + reduction) follows the table's "gemm_rs" entries
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
-    assert r[3] == 128 // 32 * (8192 // 256)   # completion count per row block: consumer warps x column tiles
+    assert r[3] == 8192 // 256               # completion count per row block: one per column tile
     assert r[6:] == (64, 256)             # the reduction's row block follows block_m
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=BIG_M, path="pull"))
     assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
@@ -435,7 +435,7 @@ def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     r = gemm_builds["gemm_rs"]                                      # the push kernel (one node)
     assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
     assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
-    assert "tl::tma_store(R1_desc" in r.source and "tilescale::release_stores<2" in r.source  # pushed, then counted
+    assert "tl::tma_store(Rp_desc" in r.source and "tilescale::release_stores<2" in r.source  # pushed, then counted
     assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source

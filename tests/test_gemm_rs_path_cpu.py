@@ -1,7 +1,7 @@
 """GEMM+RS's two paths on a machine without a GPU (tilescale/ops/gemm_reduce_scatter.py): which one a job takes,
-the kernels each builds, and the push kernel's protocol as generated (pushes into the peers' slabs through their
-views, one count per consumer warp on the owner's word, my rows waiting for e x (W - 1) x warps and adding W - 1
-slots of this call's half). Their GPU tests: examples/distributed/example_gemm_reducescatter.py (both paths at 2
+the kernels each builds, and the push kernel's protocol as generated (the sum in loaded while the GEMM runs, or
+after it once counted; the sum out pushed into rank me - 1's slab through its view, one count per tile on its
+word; my rows into C). Their GPU tests: examples/distributed/example_gemm_reducescatter.py (both paths at 2
 and 4 ranks), tests/test_graphs_gpu.py (CUDA graphs), tests/test_gpu_remote.py (pull, across emulated nodes)."""
 import re
 import sys
@@ -26,7 +26,7 @@ def no_runtime(monkeypatch):
 
 def test_one_node_pushes_other_nodes_and_large_jobs_pull(no_runtime, monkeypatch):
     assert [grs.default_path(w) for w in (1, 2, 4, 8)] == ["push"] * 4
-    assert grs.default_path(grs.MAX_PUSH_RANKS + 1) == "pull"          # one TMA view per peer: at most 7 peers
+    assert grs.default_path(grs.MAX_PUSH_RANKS + 1) == "pull"          # one NVLink domain: at most 8 ranks
     monkeypatch.setenv("TILESCALE_NODE_SIZE", "2")                    # nodes of 2 ranks: a peer on another node
     assert grs.default_path(4) == "pull" and grs.default_path(2) == "push"
 
@@ -55,32 +55,95 @@ def test_each_path_builds_its_own_kernels(no_runtime):
     assert (g, r) == (grs.gemm_rs_gemm_kernel, grs.gemm_rs_reduce_kernel)
 
 
+def test_push_configs_leave_room_for_the_sum_in():
+    """The push kernel's tile of partial sums has shared memory of its own (live through the GEMM's loop): a
+    config that fills shared memory with its pipeline fits the pull path's GEMM, not the push kernel at W > 1."""
+    from tilescale.ops.gemm import SMEM_LIMIT, check
+
+    deep = GemmConfig(256, 128, 64, 4)                                  # 192 KiB of stages + 68 KiB of sums in
+    assert check(deep, 8192, 8192, 2048, world_size=4, op="gemm_rs") is None
+    assert check(deep, 8192, 8192, 2048, world_size=1, op="gemm_rs_push") is None       # no sums at W = 1
+    why = check(deep, 8192, 8192, 2048, world_size=4, op="gemm_rs_push")
+    assert why == f"needs 266240 bytes of shared memory, more than {SMEM_LIMIT}", why
+    assert check(DEFAULT, 8192, 8192, 2048, world_size=4, op="gemm_rs_push") is None   # 144 + 66 KiB
+    with pytest.raises(ValueError, match="266240 bytes of shared memory"):
+        grs.kernels(8192, 8192, 2048, 4, "bfloat16", config=deep, path="push")
+
+
 @pytest.mark.parametrize("W", [2, 4, 8])
 def test_push_kernel_protocol(W):
     M, N, K = 1024 * max(W // 4, 1), 512, 256
     func = grs.gemm_rs_push_kernel.get_tir(M, N, K, W)
     bufs = [func.buffer_map[p] for p in func.params]
     assert tuple(b.name for b in bufs) == grs.PUSH_PARAMS            # what GemmRS launches it with
-    rows, slots = M // W, W - 1
-    assert [int(d) for d in bufs[3].shape] == [2 * slots * rows, N]            # two halves of W - 1 slots
+    slots, tiles = W - 1, (M // W // 128) * (N // 256)
+    assert [int(d) for d in bufs[3].shape] == [2 * slots * tiles * 128, 256 + 8]   # 2 halves of W - 1 slots of
+    assert [int(d) for d in bufs[4].shape] == [slots * tiles]                      # tiles; a count per slot, tile
+    assert grs.push_shapes(M, N, W, 128, 256) == (tuple(bufs[3].shape), tuple(bufs[4].shape))
     src = kernel_function(lower_source(func))
-    assert src.count("tilescale::call_number(") == 1
-    # a tile of rank me + d: stored into that rank's slab (view R<d>), into this call's half, then counted there
-    for d in range(1, W):
-        store = src.index(f"tl::tma_store(R{d}_desc")
-        count = src.index(f"tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(A{d}[")
-        assert store < count
-    assert f"R{W}_desc" not in src and f"A{W}[" not in src                     # the unused views are not touched
-    assert re.search(r"tma_store\(R1_desc, .*\(\(int\)\(e & \(uint64_t\)1\)\) \* " + str(slots * rows), src), src
-    # my rows: wait for e x (W - 1) x 8 consumer warps' counts, add W - 1 slots, then the TMA store into C
-    wait = re.search(r"tilescale::wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), 3, "
-                     r"\(+e \* \(uint64_t\)(\d+)\)(?: \* \(uint64_t\)(\d+)\))?, ", src)
-    assert wait and int(wait[1]) * int(wait[2] or 1) == (W - 1) * 8, src
-    fold = src[wait.end():src.index("tl::tma_store(C_desc")]
-    assert "*(uint4*)(R + " in fold                                  # coalesced loads of the slots
-    assert W == 2 or re.search(r"for \(int j = 0; j < " + str(W - 1) + r"; \+\+j\)", fold)
-    assert wait.end() < src.index("tl::tma_store(C_desc")
-    assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # peers through their views: no call in the kernel
+    # the call number: counted by the consumer warp that uses it, before the loop, nothing else waiting for it
+    assert "tilescale::call_number(" not in src and src.count("tilescale::call_number_warp(") == 1
+    assert src.index("tl::warpgroup_reg_alloc<") < src.index("tilescale::call_number_warp(")
+    # launched step by step: the grid's z is the step, the last one (z = W - 1) my rows
+    assert "if (((int)blockIdx.z) == " + str(W - 1) + ") {" in src
+    # step d > 1, step 1: before the GEMM's loop, in the consumer branch, the count read once and, if there, the
+    # sum in started; no fence or sync added inside the loop
+    consumer = src[src.index("tl::warpgroup_reg_alloc<"):]
+    loop = consumer.index("for (int ko_1 = 0;")
+    first = consumer[:loop]
+    probe = first.index("tilescale::ld<1, 2, unsigned long long>((&(arrived[")        # acquire, system scope
+    load = first.index("tilescale::load_rows_async((&(R[")
+    assert "if (0 < ((int)blockIdx.z)) {" in first                   # steps 2 .. W
+    assert first.index("if ((((int)threadIdx.x) >> 5) == 8) {") < first.index("e[0] = tilescale::call_number_warp(")
+    assert probe < load and "started[0] = 1;" in first[load:] and "(e[0] <= tilescale::ld<" in first  # 1 a call
+    assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in first     # one copy: the tile's 128 padded rows
+    body = consumer[loop:consumer.index("mbarrier[((ko_1 % 3) + 3)].arrive();")]
+    assert "fence_proxy_async" not in body and "sync_thread" not in body and "load_rows" not in body
+    # after the loop: else wait for it, then load; every consumer thread waits for the copy, then adds
+    after = consumer[consumer.index("if (started[0] == 0) {"):]
+    wait = after.index("tilescale::wait_until<unsigned long long>((&(arrived[")
+    assert wait < after.index("tilescale::load_rows_async((&(R[")
+    assert after.index("tilescale::load_rows_async((&(R[")< after.index("tilescale::wait_barrier(")
+    assert re.search(r"wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), 3, e\[0\], ", after)
+    assert after.index("tilescale::wait_barrier(") < after.index("__bfloat1622float2") < after.index("tma_store(")
+    # step 2: the sum out into rank me - 1's slab (view Rp), this call's half, then counted there (view Ap)
+    store = src.index("tl::tma_store(Rp_desc")
+    count = src.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[")
+    assert store < count and "tl::tma_store(C_desc" in src
+    # one count per tile, by the warp whose elected lane issued the store (below)
+    assert src.count("tilescale::release_stores<") == 1
+    assert re.search(r"tma_store\(Rp_desc, .*\(\(int\)\(e\[0\] & \(uint64_t\)1\)\) \* " + str(slots * tiles * 128),
+                     src), src
+    assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # the peer through its view: no call in the kernel
+
+
+def _warp_of_store_and_counts(src: str, desc: str) -> tuple:
+    """(the threads of the elect that issues the TMA store into `desc`, the warps that call_number / load / count
+    in), from the generated kernel: the store is issued under ``tl::tl_shuffle_elect<threads>()``."""
+    store = src.index(f"tl::tma_store({desc}")
+    elect = int(re.findall(r"tl::tl_shuffle_elect<(\d+)>\(\)", src[:store])[-1])
+    warps = {int(w) for w in re.findall(r"if \(\(\(\(int\)threadIdx.x\) >> 5\) == (\d+)\) \{", src)}
+    return elect, warps
+
+
+@pytest.mark.parametrize("cfg", [DEFAULT, GemmConfig(64, 256, 64, 4, 128, 0)], ids=["t256", "t128"])
+def test_the_warp_that_stores_a_tile_counts_it(cfg):
+    """Only the thread that issued a TMA store can wait for it to be written, so the warp of tilelang's elected lane
+    (gemm.storing_warp) is the one that counts the tile; the push kernel's call number and sum in are that warp's
+    too. tilelang's election (tl_shuffle_elect<n>: an elected lane of the warps whose index in the block is a
+    multiple of n / 32), with its producer warpgroup first (warps 0-3): exactly one consumer warp qualifies."""
+    from tilescale.ops.gemm import storing_warp
+
+    M, N, K, W = 4096, 2048, 1024, 4
+    args = (M, N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)
+    for src, desc in ((kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(*args))), "Rp_desc"),
+                      (kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args))), "P_desc")):
+        assert "if (((int)threadIdx.x) < 128) {" in src                  # the producer warpgroup first
+        elect, warps = _warp_of_store_and_counts(src, desc)
+        assert elect == cfg.threads
+        consumers = range(4, 4 + cfg.threads // 32)
+        elected = [w for w in consumers if w % (elect // 32) == 0]
+        assert warps == set(elected) == {4 + storing_warp(cfg.threads)}, (warps, elected)
 
 
 def test_push_kernel_at_world_size_1_is_the_gemm_alone():
@@ -95,6 +158,7 @@ def test_loopback_kernel_is_the_push_kernel_on_one_gpu():
     from tilescale.compiler import WORLD_SIZE_PARAMS
 
     src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(1024, 512, 256, 4)))
-    assert "tl::tma_store(R_desc" in src and "R1_desc" not in src
+    assert "tl::tma_store(R_desc" in src and "Rp_desc" not in src
     assert "tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(arrived[" in src
+    assert "tilescale::load_rows_async((&(R[" in src
     assert "ranks" not in WORLD_SIZE_PARAMS

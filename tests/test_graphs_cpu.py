@@ -119,7 +119,7 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
     """Both kernels of GEMM+RS take their own call counters (one word per block) and the partials' two halves
     (2M rows), and no epoch from the host: the GEMM writes and the reduction reads the half of e % 2, and the
     reduction waits for e x per_block finished stores."""
-    M, N, K, W, per_block, blocks = 1024, 512, 256, 2, 256 // 32 * 2, 4
+    M, N, K, W, per_block, blocks = 1024, 512, 256, 2, 512 // 256, 4     # per_block: a count per column tile
     gemm = gemm_rs.gemm_rs_gemm_kernel.get_tir(M, N, K, W)
     red = gemm_rs.gemm_rs_reduce_kernel.get_tir(M, N, W, per_block, blocks)
     for func, n_counters in ((gemm, (N // 256) * (M // 128)), (red, blocks)):
@@ -135,6 +135,8 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
     assert re.search(r"tl::tma_store\(P_desc, .*\(+\(int\)\(e & \(uint64_t\)1\)\) \* 1024\)", gemm_src), gemm_src
     counted = gemm_src.index("tilescale::release_stores<2, unsigned long long, 0>(")   # every store written
     assert gemm_src.index("tl::tma_store(P_desc") < counted
+    assert gemm_src.count("tilescale::release_stores<") == 1             # once per tile, by the storing warp
+    assert gemm_src[:counted].rstrip().endswith("if ((((int)threadIdx.x) >> 5) == 8) {")   # (gemm.storing_warp)
     # ...the reduction waits for e x per_block finished stores of the row block
     assert re.search(rf"wait_until_pe<unsigned long long>\(.*done\[.*, \(e \* \(uint64_t\){per_block}\),", red_src)
 

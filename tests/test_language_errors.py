@@ -185,6 +185,63 @@ def signal_negative_value():
     return main
 
 
+@tilescale.jit
+def load_async_odd_rows():
+    @T.prim_func
+    def main(A: T.Tensor((64, 100), "float16")):
+        with T.Kernel(1, threads=32):
+            s = T.alloc_shared((64, 104), "float16")
+            bar = T.alloc_shared((1,), "uint64", scope="shared")
+            T.init_barrier(bar)
+            T.load_async(A[0:64, 0:100], s[0:64, 0:100], barrier=bar)  # <load_rows>
+
+    return main
+
+
+@tilescale.jit
+def load_async_dynamic_barrier():
+    @T.prim_func
+    def main(A: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=32):
+            s = T.alloc_shared((64, 64), "float16")
+            bar = T.alloc_shared((1,), "uint64")
+            T.load_async(A, s, barrier=bar)  # <load_barrier>
+
+    return main
+
+
+@tilescale.jit
+def load_async_into_global():
+    @T.prim_func
+    def main(A: T.Tensor((64, 64), "float16"), B: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=32):
+            bar = T.alloc_shared((1,), "uint64", scope="shared")
+            T.load_async(A, B, barrier=bar)  # <load_global>
+
+    return main
+
+
+@tilescale.jit
+def init_barrier_no_arrivals():
+    @T.prim_func
+    def main(A: T.Tensor((64,), "float16")):
+        with T.Kernel(1, threads=32):
+            bar = T.alloc_shared((1,), "uint64", scope="shared")
+            T.init_barrier(bar, 0)  # <init_arrivals>
+
+    return main
+
+
+@tilescale.jit
+def call_number_bad_scope():
+    @T.prim_func
+    def main(counters: T.Tensor((1,), "int64"), out: T.Tensor((1,), "uint64")):
+        with T.Kernel(1, threads=32):
+            out[0] = T.call_number(counters, scope="grid")  # <call_scope>
+
+    return main
+
+
 # (factory, marker, what must be in the message besides the file:line: argument, value, expectation)
 CASES = [
     (ld_bad_scope, "ld_scope", ["T.ld", "scope", "'device'", "'cta'", "'gpu'", "'sys'"]),
@@ -203,6 +260,12 @@ CASES = [
     (remote_of_shared, "remote_shared", ["T.remote", "buf", "'s'", "shared", "expected a global"]),
     (signal_bad_op, "sig_op", ["T.signal_op", "op", "'xor'", "expected one of 'set', 'add'"]),
     (signal_negative_value, "sig_value", ["T.signal_op", "value", "-3", "expected an unsigned integer"]),
+    (load_async_odd_rows, "load_rows", ["T.load_async", "row size", "200 bytes", "a multiple of 16"]),
+    (load_async_dynamic_barrier, "load_barrier", ["T.load_async", "barrier", "'bar'", "shared.dyn",
+                                                  "scope=\"shared\""]),
+    (load_async_into_global, "load_global", ["T.load_async", "global", "expected a global src and a shared dst"]),
+    (init_barrier_no_arrivals, "init_arrivals", ["T.init_barrier", "arrivals", "got 0", "expected an int >= 1"]),
+    (call_number_bad_scope, "call_scope", ["T.call_number", "scope", "'grid'", "expected one of 'block', 'warp'"]),
 ]
 
 

@@ -44,6 +44,7 @@ from .operands import (
     _SIG_OPS,
     _ST_SEMS,
     _WAIT_DTYPES,
+    _as_int,
     _err,
     _pair,
     _pe,
@@ -62,7 +63,8 @@ __all__ = [
     "put_signal_block", "put_signal_warp", "put_signal_thread",
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
-    "ld", "st", "atom_add", "atom_cas", "release_stores",
+    "ld", "st", "atom_add", "atom_cas", "release_stores", "load_async",
+    "init_barrier", "wait_barrier",
     "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
 
@@ -95,21 +97,28 @@ def get_num_ranks() -> tirx.PrimExpr:
     return T.call_extern("int32", "nvshmem_n_pes")
 
 
-def call_number(counters) -> tirx.PrimExpr:
+def call_number(counters, *, scope="block") -> tirx.PrimExpr:
     """Which launch of this kernel this is: 1, 2, ... (a uint64 expression), counted on the device in
     `counters`, a local (not symmetric) int64 buffer of one word per block of the kernel, zero before the
     first launch. A kernel replayed from a CUDA graph sees a new number on every replay, where a number
     passed from the host would keep its value of the capture. Every block of one launch sees the same
     number. Call it once per kernel, first, outside any branch (it synchronises the block), and bind it:
-    ``e = T.call_number(counters)``. torch: ``counters += 1; e = counters[block]``."""
+    ``e = T.call_number(counters)``. torch: ``counters += 1; e = counters[block]``.
+
+    ``scope="warp"``: only the calling warp learns the number (lane 0 counts, the lanes share it by shuffle),
+    and nothing waits for the rest of the block: every lane of exactly one warp of the block calls it, once
+    per launch, and that warp makes every use of the number (e.g. the consumer warp that issues a tile's
+    stores and counts them). The block-wide call holds every thread of the block, the producer of a
+    warp-specialised GEMM included, for a round trip to memory before the first load."""
+    scope_c = _pick("call_number", "scope", scope, {"block": "block", "warp": "warp"})
     if not isinstance(counters, tirx.Buffer):
         raise _err("call_number", f"counters: got {type(counters).__name__}, expected a buffer (a kernel parameter)")
     if counters.scope() != "global" or str(counters.dtype) != "int64" or len(counters.shape) != 1:
         raise _err("call_number", f"counters: buffer '{counters.name}' is a {str(counters.dtype)} buffer of shape "
                    f"{tuple(counters.shape)} in {counters.scope()}, expected a 1-D int64 buffer in global memory "
                    "(one word per block)")
-    return T.call_extern("uint64", "tilescale::call_number", T.access_ptr(counters, "rw"),
-                         T.cast(counters.shape[0], "int32"))
+    fn = "tilescale::call_number" if scope_c == "block" else "tilescale::call_number_warp"
+    return T.call_extern("uint64", fn, T.access_ptr(counters, "rw"), T.cast(counters.shape[0], "int32"))
 
 
 # ---------------------------------------------------------------------------------- put / get
@@ -364,7 +373,10 @@ def release_stores(counter, value=1, *, scope="sys", pending=0):
     ``T.wait_until(..., src_pe=...)``) then sees every store made before it.
 
     Every thread of each calling warp must call it (a warp-level step). The counter grows by `value` per
-    warp: a block whose W consumer warps call it after storing a tile adds W x `value`, not one per thread.
+    warp: a block whose W consumer warps call it after storing a tile adds W x `value`, not one per thread. A
+    tile stored by ``T.copy`` (one TMA store, issued by one elected lane) can be counted once, by that lane's
+    warp alone (which warp tilelang elects: ``tilescale.ops.gemm.storing_warp``): each release at system scope
+    costs a memory barrier; another warp's release would not wait for the store.
     ``pending=n`` leaves this thread's n most recent groups of TMA stores in flight (``wait_group n``): a
     persistent kernel counts tile i once it has issued the store of tile i + 1, so that the write of tile i is
     not waited for (default 0: every store written).
@@ -378,6 +390,58 @@ def release_stores(counter, value=1, *, scope="sys", pending=0):
                    "left in flight)")
     T.evaluate(T.call_extern("handle", f"tilescale::release_stores<{scope_c}, {_CTYPES[dt]}, {pending}>", v,
                              t.ptr("rw")))
+
+
+def load_async(src, dst, *, barrier):
+    """Start copying the global tile `src` into the shared buffer `dst` without waiting for it: bulk copies
+    (``cp.async.bulk``), one per row, that complete on the mbarrier `barrier` (:func:`init_barrier`). Wait for
+    the data with :func:`wait_barrier`; `dst` may have longer rows than `src` (padding against bank conflicts:
+    ``dst[0:rows, 0:cols]``). Every lane of one warp calls it (the lanes share the rows), once per phase of
+    `barrier`. A proxy fence first orders the calling thread's earlier acquires (``T.ld`` / ``T.wait_until``
+    of a flag that says `src` is written) before the copies read.
+
+    Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst[:, :cols].copy_(src)``,
+    asynchronously."""
+    s, d, rows, row_bytes, src_ld, dst_ld = _pair("load_async", src, dst, None, remote="none")
+    if s.buffer.scope() != "global" or not d.buffer.scope().startswith("shared"):
+        raise _err("load_async", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
+                   "global src and a shared dst")
+    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
+        n = _as_int(v)
+        if n is not None and n % 16:
+            raise _err("load_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
+    # `dst` and the barrier go by address (T.address_of): the copy writes them when it lands, which
+    # T.wait_barrier orders; declared as a write where it is started, inside a T.Pipelined loop, `dst` would
+    # make tilelang synchronise the threads on every iteration
+    T.evaluate(T.call_extern("handle", "tilescale::load_rows_async", s.ptr("r"), T.address_of(d.start), rows,
+                             row_bytes, src_ld, dst_ld, _barrier("load_async", barrier)))
+
+
+def _barrier(op: str, bar):
+    """The pointer to the mbarrier `bar`: a uint64 buffer in shared memory (its first word) or one element."""
+    t = _Tile(op, "barrier", bar[0] if isinstance(bar, tirx.Buffer) else bar, None, need_global=False)
+    if t.dtype != "uint64" or t.buffer.scope() != "shared" or _as_int(t.numel) != 1:
+        raise _err(op, f"barrier: got '{t.buffer.name}' ({t.dtype} in {t.buffer.scope()}), expected one uint64 of "
+                   "static shared memory made an mbarrier by T.init_barrier: T.alloc_shared((1,), \"uint64\", "
+                   "scope=\"shared\") (dynamic shared memory may be reused for other buffers while it is live)")
+    return T.address_of(t.start)
+
+
+def init_barrier(barrier, arrivals=1):
+    """Make `barrier`, one uint64 of static shared memory (``T.alloc_shared((1,), "uint64", scope="shared")``),
+    an mbarrier whose phases complete after `arrivals` arrivals and the bytes they announce
+    (:func:`load_async`). Every thread of the block calls it, outside any branch, before the first use: thread
+    0 initialises, the block synchronises. (tilelang 0.1.15's ``T.alloc_barrier`` cannot be used after a
+    ``T.Pipelined`` loop: its lowering versions every barrier of the block with the pipeline's.)"""
+    if isinstance(arrivals, bool) or not isinstance(arrivals, int) or arrivals < 1:
+        raise _err("init_barrier", f"arrivals: got {arrivals!r}, expected an int >= 1")
+    T.evaluate(T.call_extern("handle", "tilescale::init_barrier", _barrier("init_barrier", barrier), arrivals))
+
+
+def wait_barrier(barrier, phase=0):
+    """Wait until phase `phase` (0 first, then 1, 0, ...) of the mbarrier `barrier` (:func:`init_barrier`) is
+    complete: after :func:`load_async`, the rows are in shared memory. Any thread may wait."""
+    T.evaluate(T.call_extern("handle", "tilescale::wait_barrier", _barrier("wait_barrier", barrier), phase))
 
 
 def atom_cas(dst, compare, value, *, scope="gpu", sem="relaxed", dst_pe=None):

@@ -33,6 +33,7 @@ import tilescale.language as T
 TUNING_FILE = Path(__file__).with_name("gemm_tuning.json")
 SMEM_LIMIT = 232448        # bytes of shared memory one block may use on H100 / H200 (227 KiB)
 OPS = ("ag_gemm", "gemm_rs", "gemm_rs_push")   # gemm_rs: its pull path's GEMM; gemm_rs_push: its push kernel
+SUM_IN_PAD = 8   # elements of padding per row of the push kernel's tile of partial sums (against bank conflicts)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,18 @@ def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None):
         T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
         T.copy(B[(k_first + ko) * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
+
+
+def storing_warp(threads: int) -> int:
+    """The warp, among a block's `threads` consumer threads (0 = their first), whose elected lane issues the TMA
+    store of ``T.copy(Cs, C[...])`` in the tile loop's kernels: tilelang puts its producer warpgroup (4 warps)
+    first and elects the first warp whose index in the block is a multiple of threads / 32
+    (``tl_shuffle_elect<threads>``): warp 4 of 8 for 256 consumer threads, warp 0 of 4 for 128. Only that
+    warp can wait for the store to be written (a thread waits for its own bulk stores), so it is the one to
+    count the tile (``T.release_stores``, once per tile). tests/test_gemm_rs_path_cpu.py checks it on the
+    generated code."""
+    per = threads // 32
+    return -(-4 // per) * per - 4
 
 
 @T.macro
@@ -275,8 +288,12 @@ def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: s
         return f"threads={cfg.threads}: expected whole warpgroups (a multiple of 128)"
     if cfg.block_m % 64 or cfg.block_n % 8 or cfg.block_k % 16:
         return "block_m must be a multiple of 64, block_n of 8 and block_k of 16 (wgmma shapes)"
-    if cfg.smem_bytes(elem_bytes) > SMEM_LIMIT:
-        return f"needs {cfg.smem_bytes(elem_bytes)} bytes of shared memory, more than {SMEM_LIMIT}"
+    smem = cfg.smem_bytes(elem_bytes)
+    if op == "gemm_rs_push" and world_size > 1:     # + the sum in (its own buffer, live through the loop)
+        smem = cfg.stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * elem_bytes + \
+            cfg.block_m * (cfg.block_n + SUM_IN_PAD) * elem_bytes
+    if smem > SMEM_LIMIT:
+        return f"needs {smem} bytes of shared memory, more than {SMEM_LIMIT}"
     if op is not None and M % (world_size * cfg.block_m):
         return f"M={M} is not a multiple of world_size x block_m = {world_size} x {cfg.block_m}"
     if op in ("gemm_rs", "gemm_rs_push") and N % cfg.block_n:

@@ -10,25 +10,34 @@ Each rank's GEMM computes the row chunks in the order their owners need them: ra
 last. Two ways to sum them (chosen per job, the same on every rank: :func:`default_path`):
 
 **push** (every rank on this node, NVLink / P2P mapped; the default there): one kernel on every SM, nothing
-else. A tile of a peer's rows goes by TMA store straight into that peer's receive slab ``R``, into the slot of
-its source; a tile of my own rows, computed last, adds the W - 1 tiles the peers pushed for it to its
-accumulator (fp32) and stores the sum into C_local. No SM is reserved, no reduction kernel runs, and at world
-size 1 the call is this GEMM alone. Signal protocol of call e = 1, 2, ... (counted on the device by every block,
-``T.call_number``: a call captured in a CUDA graph sees a new e on every replay); ``R`` is double-buffered by
-e % 2 (rows ``((e % 2) * (W - 1) + slot) * M / W + ...``; the slot of source s on owner o is (o - s - 1) mod W):
+else, summing along a ring like NCCL's reduce-scatter. At step d = 1 .. W a rank computes the rows of rank
+me + d, so the tile (t, n) of owner o is computed at step 1 by rank o - 1, at step 2 by o - 2, ..., at step W
+by o itself: each rank adds its product to the sum of the steps before, which rank me + 1 pushed one step
+earlier, and pushes the new sum to rank me - 1; the owner's sum is complete. Every tile but those of step 1
+adds one tile (the reads spread over the whole GEMM) and that tile is loaded while the tile's GEMM runs. No SM
+is reserved, no reduction kernel runs, and at world size 1 the call is this GEMM alone. Signal protocol of call
+e = 1, 2, ... (counted on the device by every block, ``T.call_number``: a call captured in a CUDA graph sees a
+new e on every replay); ``R`` holds a tile per row block (rows padded, so that a sum in lands in shared memory
+in one copy) and is double-buffered by e % 2: tile i of slot s = d - 2 of step d is row block
+``((e % 2) * (W - 1) + s) * tiles + i``; ``arrived`` has one word per slot and tile:
 
-1. a tile of owner o != me: TMA store of the tile into o's ``R`` (through its peer mapping), slot of me; each
-   consumer warp then waits until that store is written and adds 1 to o's ``arrived[tile]`` (release, system
-   scope: ``T.release_stores`` on o's word, through the mapping);
-2. a tile of my rows: wait until ``arrived[tile] >= e * (W - 1) * warps`` (acquire, system scope; the peers
-   computed my rows before their own, so this is normally already true), add the W - 1 slots of this call's
-   half of ``R`` to the accumulator, store the sum into C_local (TMA).
+1. step d > 1, before the GEMM's loop (one consumer warp; the producer starts loading the GEMM's tiles
+   meanwhile): if ``arrived[slot, tile] >= e`` already (acquire, system scope), start loading the sum in
+   from this call's half of ``R`` into shared memory (``T.load_async``, an mbarrier); after the loop, else, wait
+   until it is (acquire, system scope), then load it. Add it to the accumulator (fp32);
+2. step d < W: TMA store of the sum into rank me - 1's ``R`` (through its peer mapping), slot d - 1; the
+   consumer warp of the thread that issued it then waits until that store is written and adds 1 to rank
+   me - 1's ``arrived[d - 1, tile]`` (one release per tile, system scope: ``T.release_stores`` through the
+   mapping). Step W: store the sum into C_local (TMA).
 
-A peer's next-but-one call may overwrite a slot of half e % 2 only after its call e + 1 ended, which waited
-(step 2) for my pushes of call e + 1, which my GPU ran after this call's kernel: so after I read the slot.
-The wait of step 2 needs the peers' tiles of step 1 to get SMs: true on distinct GPUs (step 1 never waits) and
-for ranks that share a GPU time-sliced; ranks sharing a GPU under MPS take the pull path (a rank's waiting tiles
-could hold every SM of the GPU they share).
+Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its call e + 1 ended, which waited
+(steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
+ran after this call's kernel: so after I read the slot. The grid is launched step by step (its z), so a tile
+of step d starts after every tile of step d - 1 did, a step's tiles apart (rasterized within a step): the sum
+it adds is normally there when it starts, and a block waits only for blocks launched before its own (step 1
+waits for nothing), which on distinct GPUs and for ranks that share a GPU time-sliced get SMs; ranks sharing a
+GPU under MPS take the pull path (a rank's waiting tiles could hold every SM of the GPU they share). The sums
+are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
 
 **pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
 GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
@@ -37,9 +46,9 @@ A rank of this node is read over NVLink (loads through its peer mapping); a rank
 its count polled with atomic fetches, its rows fetched with a get into a symmetric staging tile. The partials
 ``P`` are double-buffered by e % 2 (rows ``(e % 2) * M + ...``):
 
-1. GEMM (main stream): a block stores its tile of row block rb into ``P[e % 2]`` with one TMA store; each of
-   its consumer warps waits until that store is written, then adds 1 to ``done[rb]`` (release, system
-   scope; ``T.release_stores``); a row block is complete at ``e * (threads / 32) * tiles_n``;
+1. GEMM (main stream): a block stores its tile of row block rb into ``P[e % 2]`` with one TMA store; the
+   consumer warp of the thread that issued it waits until that store is written, then adds 1 to ``done[rb]``
+   (one release per tile, system scope; ``T.release_stores``); a row block is complete at ``e * tiles_n``;
 2. reduction (side stream), for each row block of this rank's chunk, for each rank s in the order the
    blocks complete (rank-1, rank-2, ..., rank): wait until s's ``done[rb]`` is complete (acquire,
    system scope; polled through the peer mapping, or with NVSHMEM atomic fetches for another node),
@@ -54,43 +63,33 @@ import tilescale.language as T
 
 from . import checks, op_cache, vectors
 from .base import Op, _capturing
-from .gemm import GemmConfig, check_problem, main_loop, padded_rows, problem_config, tile_buffers, tile_loop
+from .gemm import (
+    SUM_IN_PAD,
+    GemmConfig,
+    check_problem,
+    main_loop,
+    padded_rows,
+    problem_config,
+    storing_warp,
+    tile_buffers,
+    tile_loop,
+)
 
 __all__ = ["GemmRS", "gemm_rs"]
 
 PATHS = ("push", "pull")
-MAX_PUSH_RANKS = 8     # the push kernel takes one TMA view per peer (an NVLink domain of 8 GPUs)
+MAX_PUSH_RANKS = 8     # the push path's ranks: one NVLink domain (8 GPUs of a node)
 # the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
-PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", *(f"R{d}" for d in range(1, MAX_PUSH_RANKS)),
-               *(f"A{d}" for d in range(1, MAX_PUSH_RANKS)))
-
-
-@T.macro
-def _push_to(Cs, view, count, d, dd: int, world_size: int, row, col, tile):
-    """Step 1 of the push protocol for the peer `dd` ranks ahead, when this tile's owner is that peer (`d` ==
-    `dd`): the TMA store of the tile into `view` (its ``R``, seen through its mapping), then, once written, the
-    count on `count` (its ``arrived``, the same way)."""
-    if dd < world_size:
-        if d == dd:
-            T.copy(Cs, view[row, col])
-            T.release_stores(count[tile], 1, scope="sys")
-
-
-@T.macro
-def _store_own(Cl, Cs, C, t, bx):
-    """The last step of a tile of my rows: the accumulator through shared memory into C_local (a TMA store)."""
-    block_m, block_n = Cs.shape
-    T.copy(Cl, Cs)
-    T.copy(Cs, C[t * block_m, bx * block_n])
+PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
 
 
 @tilescale.jit
 def gemm_rs_push_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
                         block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
-    """The one kernel of :class:`GemmRS`'s push path (module docstring): the tiles of the peers' rows pushed
-    into their ``R`` and counted in their ``arrived`` (R1 .. R7 and A1 .. A7: those of rank me + 1, me + 2, ...,
-    through the peer mappings; unused ones may be any tensors of those shapes), then my rows, with the peers'
-    pushes added, into C. No NVSHMEM call but the rank: the peers are reached through their mappings."""
+    """The one kernel of :class:`GemmRS`'s push path (module docstring): each tile of a peer's rows, with the
+    partial sum that rank me + 1 pushed for it added, pushed on into rank me - 1's ``R`` and counted in its
+    ``arrived`` (`Rp`, `Ap`: those of rank me - 1, through its peer mapping); my rows, with theirs added, into
+    C. No NVSHMEM call but the rank: the peer is reached through its mapping."""
     return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False)
 
 
@@ -99,9 +98,18 @@ def gemm_rs_push_loopback_kernel(M: int, N: int, K: int, ranks: int, dtype: str 
                                  block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
                                  swizzle: int = 10):
     """:func:`gemm_rs_push_kernel` as rank 0 of `ranks` runs it, on one GPU with no peers, in a job of any size
-    (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its own tiles wait
-    for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters."""
+    (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its next steps
+    wait for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters (`Rp`, `Ap`
+    unused: any tensors of their shapes)."""
     return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True)
+
+
+def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> tuple:
+    """The shapes of the push kernel's ``R`` and ``arrived`` (module docstring): R holds a tile per row block,
+    rows padded (a sum in lands in shared memory in one copy, padded against bank conflicts), tile i of slot s
+    of half h at row block ``(h * slots + s) * tiles + i``; arrived holds a count per slot and tile."""
+    slots, tiles = max(world_size - 1, 1), (M // world_size // block_m) * (N // block_n)
+    return (2 * slots * tiles * block_m, block_n + SUM_IN_PAD), (slots * tiles,)
 
 
 def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool):
@@ -110,53 +118,76 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
     tiles_m = M // block_m
     tiles_per_rank = tiles_m // W
     tiles_n = N // block_n
+    tiles = tiles_per_rank * tiles_n     # an owner's tiles
     slots = max(W - 1, 1)
-    warps = threads // 32                  # T.release_stores counts once per consumer warp
 
-    slab, words = (2 * slots * rows, N), (tiles_per_rank * tiles_n,)     # R's shape, arrived's
+    slab, words = push_shapes(M, N, W, block_m, block_n)     # R's shape, arrived's
+
+    sw = storing_warp(threads)
+
+    def rows_at(e, w):     # the first row of R of call e's tile of word w (slot and tile) of `arrived`
+        return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
 
     @T.prim_func
     def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
                      R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
                      counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
-                     R1: T.Tensor(slab, dtype), R2: T.Tensor(slab, dtype), R3: T.Tensor(slab, dtype),
-                     R4: T.Tensor(slab, dtype), R5: T.Tensor(slab, dtype), R6: T.Tensor(slab, dtype),
-                     R7: T.Tensor(slab, dtype),
-                     A1: T.Tensor(words, "uint64"), A2: T.Tensor(words, "uint64"), A3: T.Tensor(words, "uint64"),
-                     A4: T.Tensor(words, "uint64"), A5: T.Tensor(words, "uint64"), A6: T.Tensor(words, "uint64"),
-                     A7: T.Tensor(words, "uint64")):
-        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
-            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-            e = T.call_number(counters)
-            p = T.cast(e % 2, "int32")                   # this call's half of R
-            me = T.get_rank()
-            d = by // tiles_per_rank + 1                 # the owner is rank me + d: me + 1 first, me (d = W) last
-            t = by % tiles_per_rank                      # the row tile within the owner's rows
-            tile = t * tiles_n + bx                      # its word of `arrived`
-            main_loop(X, Wt, As, Bs, Cl, ((me + d) % W) * tiles_per_rank + t, bx, stages)   # owner's rows
-            if W == 1:                                   # nothing to add: C = X @ Wt
-                _store_own(Cl, Cs, C, t, bx)
-            elif d == W:                                 # my rows (step 2)
-                T.wait_until(arrived[tile], cmp="ge", value=e * (W - 1) * warps)
-                for j in T.serial(W - 1):                # slot j through shared memory (coalesced loads)
-                    T.copy(R[(p * slots + j) * rows + t * block_m, bx * block_n], Cs)
-                    for i, k in T.Parallel(block_m, block_n):
-                        Cl[i, k] += Cs[i, k]
-                _store_own(Cl, Cs, C, t, bx)
-            else:                                        # rank me + d's rows (step 1): into its slot d - 1 of me
+                     Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
+        if W == 1:                                       # nothing to add: C = X @ Wt
+            with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
+                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+                T.call_number(counters)
+                main_loop(X, Wt, As, Bs, Cl, by, bx, stages)
                 T.copy(Cl, Cs)
-                row, col = (p * slots + d - 1) * rows + t * block_m, bx * block_n
-                if loopback:
-                    T.copy(Cs, R[row, col])
-                    T.release_stores(arrived[tile], 1, scope="sys")
-                else:
-                    _push_to(Cs, R1, A1, d, 1, W, row, col, tile)
-                    _push_to(Cs, R2, A2, d, 2, W, row, col, tile)
-                    _push_to(Cs, R3, A3, d, 3, W, row, col, tile)
-                    _push_to(Cs, R4, A4, d, 4, W, row, col, tile)
-                    _push_to(Cs, R5, A5, d, 5, W, row, col, tile)
-                    _push_to(Cs, R6, A6, d, 6, W, row, col, tile)
-                    _push_to(Cs, R7, A7, d, 7, W, row, col, tile)
+                T.copy(Cs, C[by * block_m, bx * block_n])
+        else:   # blocks launched step by step (z), so that a step's tile starts after the tile it adds did
+            with T.Kernel(tiles_n, tiles_per_rank, W, threads=threads) as (bx, t, s):
+                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+                Rs = T.alloc_shared((block_m, block_n + SUM_IN_PAD), dtype)   # the sum in (rows padded: banks)
+                landed = T.alloc_shared((1,), "uint64", scope="shared")  # its mbarrier
+                T.init_barrier(landed)
+                # one consumer warp makes every use of the call number: it loads the sum in, issues the tile's
+                # store (tilelang elects one of its lanes: gemm.storing_warp) and counts it once written;
+                # nothing else waits for the count
+                e = T.alloc_local((1,), "uint64")
+                started = T.alloc_local((1,), "int32")                  # its load of the sum in has started
+                started[0] = 0
+                me = T.get_rank()
+                d = s + 1                                # step d: the rows of rank me + d (d = W: mine)
+                tile = t * tiles_n + bx                  # t: the row tile within the owner's rows
+                w_in = (d - 2) * tiles + tile            # the sum in: slot d - 2 (steps 2 .. W), its count
+                if T.get_thread_binding() // 32 == sw:   # step 1, before the GEMM: start loading the sum in
+                    e[0] = T.call_number(counters, scope="warp")
+                    if d > 1:
+                        if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
+                            T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
+                                         barrier=landed)
+                            started[0] = 1
+                main_loop(X, Wt, As, Bs, Cl, ((me + d) % W) * tiles_per_rank + t, bx, stages)
+                if d > 1:                                # step 2
+                    if T.get_thread_binding() // 32 == sw:
+                        if started[0] == 0:
+                            T.wait_until(arrived[w_in], cmp="ge", value=e[0])
+                            T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
+                                         barrier=landed)
+                    T.wait_barrier(landed, 0)
+                    for i, k in T.Parallel(block_m, block_n):
+                        Cl[i, k] += Rs[i, k]
+                T.copy(Cl, Cs)
+                if d == W:                               # step 3: my rows, complete
+                    T.copy(Cs, C[t * block_m, bx * block_n])
+                else:                                    # step 3: rank me + d's rows, on to rank me - 1
+                    w_out = (d - 1) * tiles + tile           # slot d - 1 of rank me - 1
+                    # counted once written, by the warp whose elected lane issued the store: one release at
+                    # system scope per tile
+                    if loopback:
+                        T.copy(Cs, R[rows_at(e[0], w_out), 0])
+                        if T.get_thread_binding() // 32 == sw:
+                            T.release_stores(arrived[w_out], 1, scope="sys")
+                    else:
+                        T.copy(Cs, Rp[rows_at(e[0], w_out), 0])
+                        if T.get_thread_binding() // 32 == sw:
+                            T.release_stores(Ap[w_out], 1, scope="sys")
 
     return gemm_rs_push
 
@@ -181,7 +212,8 @@ def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "b
             me = T.get_rank()
             rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
             tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, False, c_rb=p * tiles_m + rb)  # a TMA store
-            T.release_stores(done[rb], 1, scope="sys")      # once written: one release per consumer warp
+            if T.get_thread_binding() // 32 == storing_warp(threads):   # once written: one release per tile,
+                T.release_stores(done[rb], 1, scope="sys")               # by the warp that issued the store
 
     return gemm_rs_gemm
 
@@ -269,7 +301,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
-    per_block = cfg.threads // 32 * (N // cfg.block_n)     # T.release_stores: one count per consumer warp
+    per_block = N // cfg.block_n                          # T.release_stores: one count per tile
     return [(gemm_rs_gemm_kernel, gemm_args),
             (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
 
@@ -314,16 +346,14 @@ class GemmRS(Op):
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
         tiles = (M // self.block_m) * -(-N // block_n)
         if path == "push":
-            rows, slots = M // W, max(W - 1, 1)
-            self.R = self.symmetric((2 * slots * rows, N), dtype)     # the peers' pushes, by parity then slot
-            self.arrived = self.symmetric((rows // self.block_m * (N // block_n),), torch.uint64, zero=True)
+            slab, words = push_shapes(M, N, W, self.block_m, block_n)
+            self.R = self.symmetric(slab, dtype)                         # the sums in from rank + 1
+            self.arrived = self.symmetric(words, torch.uint64, zero=True)  # their counts
             self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)
             self.gemm_counters = self.call_counters(tiles)
-            peers = [(self.rank + d) % W for d in range(1, W)]          # R1 .. R7, A1 .. A7: rank me + 1, ...
-            unused = MAX_PUSH_RANKS - W                                    # (any tensors of their shapes)
-            views = [symm.peer_tensor(self.R, q) for q in peers] + [self.R] * unused
-            counts = [symm.peer_tensor(self.arrived, q) for q in peers] + [self.arrived] * unused
-            self._tail = (self.R, self.arrived, self.gemm_counters, *views, *counts)
+            prev = (self.rank - 1) % W                                     # Rp, Ap: rank - 1's, where mine go
+            self._tail = (self.R, self.arrived, self.gemm_counters, symm.peer_tensor(self.R, prev),
+                          symm.peer_tensor(self.arrived, prev))
             self._tail_ptrs = tuple(t.data_ptr() for t in self._tail)
             self.launch_path = "direct" if self._direct is not None else "tilelang"
             return

@@ -617,7 +617,65 @@ __device__ __forceinline__ uint64_t call_number(int64_t* counters, int n) {
   __syncthreads();
   return number;
 }
+// T.call_number(counters, scope="warp"): the same count, known to the calling warp alone (lane 0 counts, a
+// shuffle shares it), with no block synchronisation: every lane of exactly one warp of the block calls it.
+__device__ __forceinline__ uint64_t call_number_warp(int64_t* counters, int n) {
+  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned long long number = 0;
+  if ((threadIdx.x & 31) == 0) {
+    if (b >= n) wait_timed_out(counters, kGe, 64, (uint64_t)n, (uint64_t)b, 0, kCallNumberSite);
+    number = atomicAdd(reinterpret_cast<unsigned long long*>(counters + b), 1ull) + 1ull;
+  }
+  return __shfl_sync(0xffffffffu, number, 0);
+}
 // ========================================================================== end of call numbers
+
+// ====================================================================== asynchronous loads into shared memory
+// T.load_async(src, dst, barrier=): `rows` rows of `row_bytes` from global `src` (rows `src_ld` bytes apart) into
+// shared `dst` (rows `dst_ld` apart) by bulk copies (cp.async.bulk, one per row, spread over the lanes) that
+// complete on the mbarrier `bar`: lane 0 arrives on it expecting every byte, then the lanes start their rows.
+// Warp-level (every lane of one warp calls it; the warp may then go on: nothing here waits for the data). A
+// proxy fence first orders this thread's earlier acquires (a flag that says the rows are written) before the
+// copies' reads. Every address and size is a multiple of 16 bytes (checked where the kernel is traced).
+// T.init_barrier(bar, arrivals): thread 0 makes `bar` (a uint64 in shared memory) an mbarrier expecting `arrivals`
+// arrivals per phase; the block then synchronises (every thread calls it, outside any branch).
+__device__ __forceinline__ void init_barrier(void* bar, int arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                 ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(arrivals) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
+  __syncthreads();
+}
+// T.wait_barrier(bar, phase): wait until phase `phase` (0, 1, 0, ...) of the mbarrier `bar` completed.
+__device__ __forceinline__ void wait_barrier(void* bar, int phase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(b), "r"(phase) : "memory");
+#endif
+}
+__device__ __forceinline__ void load_rows_async(const void* src, void* dst, int rows, int row_bytes, long src_ld,
+                                                int dst_ld, void* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int lane = threadIdx.x & 31;
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  if (lane == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(rows * row_bytes) : "memory");
+  __syncwarp();
+  for (int r = lane; r < rows; r += 32)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(d + r * dst_ld), "l"(static_cast<const char*>(src) + r * src_ld), "r"(row_bytes), "r"(b)
+                 : "memory");
+#endif
+}
+// ================================================================= end of asynchronous loads into shared memory
 
 }  // namespace tilescale
 
