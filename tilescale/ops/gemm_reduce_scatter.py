@@ -156,7 +156,7 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                 d = s + 1                                # step d: the rows of rank me + d (d = W: mine)
                 tile = t * tiles_n + bx                  # t: the row tile within the owner's rows
                 w_in = (d - 2) * tiles + tile            # the sum in: slot d - 2 (steps 2 .. W), its count
-                if T.get_thread_binding() // 32 == sw:   # step 1, before the GEMM: start loading the sum in
+                if T.get_thread_binding() // 32 == sw:   # protocol 1, before the GEMM: start loading the sum in
                     e[0] = T.call_number(counters, scope="warp")
                     if d > 1:
                         if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
@@ -164,7 +164,7 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                                          barrier=landed)
                             started[0] = 1
                 main_loop(X, Wt, As, Bs, Cl, ((me + d) % W) * tiles_per_rank + t, bx, stages)
-                if d > 1:                                # step 2
+                if d > 1:                                # protocol 1, after the GEMM: else load it now; add it
                     if T.get_thread_binding() // 32 == sw:
                         if started[0] == 0:
                             T.wait_until(arrived[w_in], cmp="ge", value=e[0])
@@ -174,9 +174,9 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                     for i, k in T.Parallel(block_m, block_n):
                         Cl[i, k] += Rs[i, k]
                 T.copy(Cl, Cs)
-                if d == W:                               # step 3: my rows, complete
+                if d == W:                               # protocol 2: my rows, complete
                     T.copy(Cs, C[t * block_m, bx * block_n])
-                else:                                    # step 3: rank me + d's rows, on to rank me - 1
+                else:                                    # protocol 2: rank me + d's rows, on to rank me - 1
                     w_out = (d - 1) * tiles + tile           # slot d - 1 of rank me - 1
                     # counted once written, by the warp whose elected lane issued the store: one release at
                     # system scope per tile
