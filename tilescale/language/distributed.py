@@ -440,7 +440,9 @@ def init_barrier(barrier, arrivals=1):
 
 def wait_barrier(barrier, phase=0):
     """Wait until phase `phase` (0 first, then 1, 0, ...) of the mbarrier `barrier` (:func:`init_barrier`) is
-    complete: after :func:`load_async`, the rows are in shared memory. Any thread may wait."""
+    complete: after :func:`load_async`, the rows are in shared memory. Any thread may wait. It waits without a
+    timeout: start the copy of that phase first (a wait on a flag that may never come belongs before it, in
+    ``T.wait_until``, which can give up: ``TILESCALE_WAIT_TIMEOUT_S``)."""
     T.evaluate(T.call_extern("handle", "tilescale::wait_barrier", _barrier("wait_barrier", barrier), phase))
 
 

@@ -631,12 +631,6 @@ __device__ __forceinline__ uint64_t call_number_warp(int64_t* counters, int n) {
 // ========================================================================== end of call numbers
 
 // ====================================================================== asynchronous loads into shared memory
-// T.load_async(src, dst, barrier=): `rows` rows of `row_bytes` from global `src` (rows `src_ld` bytes apart) into
-// shared `dst` (rows `dst_ld` apart) by bulk copies (cp.async.bulk, one per row, spread over the lanes) that
-// complete on the mbarrier `bar`: lane 0 arrives on it expecting every byte, then the lanes start their rows.
-// Warp-level (every lane of one warp calls it; the warp may then go on: nothing here waits for the data). A
-// proxy fence first orders this thread's earlier acquires (a flag that says the rows are written) before the
-// copies' reads. Every address and size is a multiple of 16 bytes (checked where the kernel is traced).
 // T.init_barrier(bar, arrivals): thread 0 makes `bar` (a uint64 in shared memory) an mbarrier expecting `arrivals`
 // arrivals per phase; the block then synchronises (every thread calls it, outside any branch).
 __device__ __forceinline__ void init_barrier(void* bar, int arrivals) {
@@ -649,7 +643,8 @@ __device__ __forceinline__ void init_barrier(void* bar, int arrivals) {
 #endif
   __syncthreads();
 }
-// T.wait_barrier(bar, phase): wait until phase `phase` (0, 1, 0, ...) of the mbarrier `bar` completed.
+// T.wait_barrier(bar, phase): wait until phase `phase` (0, 1, 0, ...) of the mbarrier `bar` completed (no timeout:
+// a phase that nothing was started for never completes).
 __device__ __forceinline__ void wait_barrier(void* bar, int phase) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
@@ -659,6 +654,12 @@ __device__ __forceinline__ void wait_barrier(void* bar, int phase) {
       " @!p bra WAIT_%=;\n}\n" ::"r"(b), "r"(phase) : "memory");
 #endif
 }
+// T.load_async(src, dst, barrier=): `rows` rows of `row_bytes` from global `src` (rows `src_ld` bytes apart) into
+// shared `dst` (rows `dst_ld` apart) by bulk copies (cp.async.bulk, one per row, spread over the lanes) that
+// complete on the mbarrier `bar`: lane 0 arrives on it expecting every byte, then the lanes start their rows.
+// Warp-level (every lane of one warp calls it; the warp may then go on: nothing here waits for the data). A
+// proxy fence first orders this thread's earlier acquires (a flag that says the rows are written) before the
+// copies' reads. Every address and size is a multiple of 16 bytes (checked where the kernel is traced).
 __device__ __forceinline__ void load_rows_async(const void* src, void* dst, int rows, int row_bytes, long src_ld,
                                                 int dst_ld, void* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
