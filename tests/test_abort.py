@@ -292,9 +292,14 @@ def test_call_number_stops_a_kernel_without_printf_and_says_why():
     from tilescale.language import distributed as D
 
     ops = (Path(D.__file__).resolve().parents[1] / "include" / "tilescale" / "ops.cuh").read_text()
-    body = ops[ops.index("__device__ __forceinline__ uint64_t call_number("):]
-    body = body[:body.index("\n}\n")]
-    assert "printf" not in body and "wait_timed_out(" in body and "kCallNumberSite" in body
+    def body(fn):
+        b = ops[ops.index(f"__device__ __forceinline__ uint64_t {fn}("):]
+        return b[:b.index("\n}\n")]
+
+    for fn in ("call_number", "call_number_warp"):            # both scopes count through count_call
+        assert "count_call(counters, n)" in body(fn) and "printf" not in body(fn)
+    assert "printf" not in body("count_call") and "wait_timed_out(" in body("count_call")
+    assert "kCallNumberSite" in body("count_call")
     assert int(re.search(r"constexpr int kCallNumberSite = (-?\d+);", ops).group(1)) == D.CALL_NUMBER_SITE
     rec = dict(rank=1, block=7, thread=0, site=D.CALL_NUMBER_SITE, cmp=3, bits=64, addr=0x20, expected=6, observed=7,
                elapsed_ns=0)

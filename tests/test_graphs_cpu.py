@@ -94,7 +94,7 @@ def test_call_number_rejects_a_wrong_counters_buffer(lowering):
 
 def test_the_device_function_counts_atomically_per_block():
     src = (__import__("pathlib").Path(tilescale.__file__).parent / "include" / "tilescale" / "ops.cuh").read_text()
-    fn = src[src.index("uint64_t call_number("):src.index("end of call numbers")]
+    fn = src[src.index("uint64_t count_call("):src.index("end of call numbers")]   # count_call, both call numbers
     assert "atomicAdd(" in fn and "__shared__" in fn and "__syncthreads()" in fn and "wait_timed_out(" in fn
     assert "blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)" in fn
 

@@ -110,14 +110,14 @@ def call_number(counters, *, scope="block") -> tirx.PrimExpr:
     per launch, and that warp makes every use of the number (e.g. the consumer warp that issues a tile's
     stores and counts them). The block-wide call holds every thread of the block, the producer of a
     warp-specialised GEMM included, for a round trip to memory before the first load."""
-    scope_c = _pick("call_number", "scope", scope, {"block": "block", "warp": "warp"})
+    fn = _pick("call_number", "scope", scope,
+               {"block": "tilescale::call_number", "warp": "tilescale::call_number_warp"})
     if not isinstance(counters, tirx.Buffer):
         raise _err("call_number", f"counters: got {type(counters).__name__}, expected a buffer (a kernel parameter)")
     if counters.scope() != "global" or str(counters.dtype) != "int64" or len(counters.shape) != 1:
         raise _err("call_number", f"counters: buffer '{counters.name}' is a {str(counters.dtype)} buffer of shape "
                    f"{tuple(counters.shape)} in {counters.scope()}, expected a 1-D int64 buffer in global memory "
                    "(one word per block)")
-    fn = "tilescale::call_number" if scope_c == "block" else "tilescale::call_number_warp"
     return T.call_extern("uint64", fn, T.access_ptr(counters, "rw"), T.cast(counters.shape[0], "int32"))
 
 

@@ -45,10 +45,13 @@ class GemmConfig:
     threads: int = 256    # consumer threads (warpgroups of 128); tilelang adds one producer warpgroup
     swizzle: int = 10     # panel width of T.use_swizzle (rows of tiles), 0 = tiles in launch order
 
-    def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """Shared memory of the tile loop: `stages` A and B tiles; the C tile reuses them."""
-        return max(self.stages * (self.block_m * self.block_k + self.block_k * self.block_n),
-                   self.block_m * self.block_n) * elem_bytes
+    def smem_bytes(self, elem_bytes: int = 2, sum_in: bool = False) -> int:
+        """Shared memory of the tile loop: `stages` A and B tiles; the C tile reuses them. `sum_in`: plus GEMM+RS's
+        push kernel's tile of partial sums, a buffer of its own (live through the loop), rows padded."""
+        stages = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n)
+        if sum_in:
+            return (stages + self.block_m * (self.block_n + SUM_IN_PAD)) * elem_bytes
+        return max(stages, self.block_m * self.block_n) * elem_bytes
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -288,10 +291,7 @@ def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: s
         return f"threads={cfg.threads}: expected whole warpgroups (a multiple of 128)"
     if cfg.block_m % 64 or cfg.block_n % 8 or cfg.block_k % 16:
         return "block_m must be a multiple of 64, block_n of 8 and block_k of 16 (wgmma shapes)"
-    smem = cfg.smem_bytes(elem_bytes)
-    if op == "gemm_rs_push" and world_size > 1:     # + the sum in (its own buffer, live through the loop)
-        smem = cfg.stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * elem_bytes + \
-            cfg.block_m * (cfg.block_n + SUM_IN_PAD) * elem_bytes
+    smem = cfg.smem_bytes(elem_bytes, sum_in=op == "gemm_rs_push" and world_size > 1)
     if smem > SMEM_LIMIT:
         return f"needs {smem} bytes of shared memory, more than {SMEM_LIMIT}"
     if op is not None and M % (world_size * cfg.block_m):

@@ -605,27 +605,23 @@ __device__ __forceinline__ void barrier_all_first_block() {
 // this one's memory is flushed (programmatic dependent launch), and still sees the count. Every thread of the
 // block calls it, once per launch, outside any branch (it synchronises the block).
 constexpr int kCallNumberSite = -3;   // tilescale.language.distributed.CALL_NUMBER_SITE
+__device__ __forceinline__ uint64_t count_call(int64_t* counters, int n) {   // one thread of the block
+  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  // no print call here (a call anywhere in the kernel serialises its wgmma pipeline, C7510: the GEMM+RS GEMM
+  // ran at 0.85-0.91 of cuBLAS with one): a wait's record with the site of T.call_number, said by the host
+  if (b >= n) wait_timed_out(counters, kGe, 64, (uint64_t)n, (uint64_t)b, 0, kCallNumberSite);
+  return atomicAdd(reinterpret_cast<unsigned long long*>(counters + b), 1ull) + 1ull;
+}
 __device__ __forceinline__ uint64_t call_number(int64_t* counters, int n) {
   __shared__ uint64_t number;
-  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    // no print call here (a call anywhere in the kernel serialises its wgmma pipeline, C7510: the GEMM+RS GEMM
-    // ran at 0.85-0.91 of cuBLAS with one): a wait's record with the site of T.call_number, said by the host
-    if (b >= n) wait_timed_out(counters, kGe, 64, (uint64_t)n, (uint64_t)b, 0, kCallNumberSite);
-    number = atomicAdd(reinterpret_cast<unsigned long long*>(counters + b), 1ull) + 1ull;
-  }
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) number = count_call(counters, n);
   __syncthreads();
   return number;
 }
 // T.call_number(counters, scope="warp"): the same count, known to the calling warp alone (lane 0 counts, a
 // shuffle shares it), with no block synchronisation: every lane of exactly one warp of the block calls it.
 __device__ __forceinline__ uint64_t call_number_warp(int64_t* counters, int n) {
-  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  unsigned long long number = 0;
-  if ((threadIdx.x & 31) == 0) {
-    if (b >= n) wait_timed_out(counters, kGe, 64, (uint64_t)n, (uint64_t)b, 0, kCallNumberSite);
-    number = atomicAdd(reinterpret_cast<unsigned long long*>(counters + b), 1ull) + 1ull;
-  }
+  const uint64_t number = (threadIdx.x & 31) == 0 ? count_call(counters, n) : 0;
   return __shfl_sync(0xffffffffu, number, 0);
 }
 // ========================================================================== end of call numbers
