@@ -42,6 +42,7 @@ from timing import round_us  # noqa: E402
 
 import tilescale  # noqa: E402
 import tilescale.language as T  # noqa: E402
+from tilescale.compat import storing_warp  # noqa: E402
 from tilescale.ops.gemm import (  # noqa: E402
     DEFAULT,
     GemmConfig,
@@ -52,7 +53,6 @@ from tilescale.ops.gemm import (  # noqa: E402
     split_plan,
     split_tile_loop,
     split_workspace,
-    storing_warp,
     tile_buffers,
     tile_loop,
     tile_order,

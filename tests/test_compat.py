@@ -168,6 +168,48 @@ def _host_call_regex():
     assert sig is not None and [n for _, n in sig][-1] == "stream", sig
 
 
+def _storing_warp():
+    """A warp-specialised tile loop with a T.copy TMA store, lowered for 256 and 128 consumer threads: the producer
+    warpgroup comes first and the store is issued under tl_shuffle_elect<threads>, which elects a lane of the one
+    consumer warp compat.storing_warp names (tilelang's intrinsic: warps whose index is a multiple of threads / 32)."""
+    import re
+
+    import tilelang.language as T
+    from tilelang import tvm
+    from tvm.target import Target
+
+    def tile(threads):
+        @T.prim_func
+        def k(A: T.Tensor((128, 256), "bfloat16"), B: T.Tensor((256, 256), "bfloat16"),
+              C: T.Tensor((128, 256), "bfloat16")):
+            with T.Kernel(1, 1, threads=threads) as (bx, by):
+                As = T.alloc_shared((128, 64), "bfloat16")
+                Bs = T.alloc_shared((64, 256), "bfloat16")
+                Cl = T.alloc_fragment((128, 256), "float32")
+                Cs = T.alloc_shared((128, 256), "bfloat16")
+                T.clear(Cl)
+                for ko in T.Pipelined(4, num_stages=2):
+                    T.copy(A[0, ko * 64], As)
+                    T.copy(B[ko * 64, 0], Bs)
+                    T.gemm(As, Bs, Cl)
+                T.copy(Cl, Cs)
+                T.copy(Cs, C[0, 0])
+        return k
+
+    tgt = Target({"kind": "cuda", "arch": "sm_90a"})
+    intrin = Path(__import__("tilelang").__file__).parent / "src" / "tl_templates" / "cuda" / "intrin.h"
+    assert "(cutlass::canonical_warp_idx() % warp_extent) == 0" in intrin.read_text()
+    for threads in (256, 128):
+        with tvm.transform.PassContext(opt_level=3), tgt:
+            src = compat.lower(tile(threads), tgt).kernel_source
+        assert "if (((int)threadIdx.x) < 128) {" in src                 # the producer warpgroup: warps 0-3
+        store = src.index("tl::tma_store(")
+        assert re.findall(r"tl::tl_shuffle_elect<(\d+)>\(\)", src[:store])[-1] == str(threads)
+        per = threads // 32
+        elected = [w for w in range(4, 4 + per) if w % per == 0]          # the consumer warps that qualify
+        assert elected == [4 + compat.storing_warp(threads)], (threads, elected)
+
+
 PROBES = {
     "tilelang.jit.JITImpl": _jit_impl,
     "tilelang.jit.ExecutionBackend": _execution_backends,
@@ -191,6 +233,7 @@ PROBES = {
     "torch._C._cuda_isCurrentStreamCapturing": _torch_private("_cuda_isCurrentStreamCapturing"),
     "torch._C._cuda_getCurrentRawStream": _torch_private("_cuda_getCurrentRawStream"),
     "tilelang's generated host call(...) (regex)": _host_call_regex,
+    "tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store": _storing_warp,
 }
 
 

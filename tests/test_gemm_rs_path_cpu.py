@@ -129,10 +129,10 @@ def _warp_of_store_and_counts(src: str, desc: str) -> tuple:
 @pytest.mark.parametrize("cfg", [DEFAULT, GemmConfig(64, 256, 64, 4, 128, 0)], ids=["t256", "t128"])
 def test_the_warp_that_stores_a_tile_counts_it(cfg):
     """Only the thread that issued a TMA store can wait for it to be written, so the warp of tilelang's elected lane
-    (gemm.storing_warp) is the one that counts the tile; the push kernel's call number and sum in are that warp's
+    (compat.storing_warp) is the one that counts the tile; the push kernel's call number and sum in are that warp's
     too. tilelang's election (tl_shuffle_elect<n>: an elected lane of the warps whose index in the block is a
     multiple of n / 32), with its producer warpgroup first (warps 0-3): exactly one consumer warp qualifies."""
-    from tilescale.ops.gemm import storing_warp
+    from tilescale.compat import storing_warp
 
     M, N, K, W = 4096, 2048, 1024, 4
     args = (M, N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)

@@ -136,7 +136,7 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
     counted = gemm_src.index("tilescale::release_stores<2, unsigned long long, 0>(")   # every store written
     assert gemm_src.index("tl::tma_store(P_desc") < counted
     assert gemm_src.count("tilescale::release_stores<") == 1             # once per tile, by the storing warp
-    assert gemm_src[:counted].rstrip().endswith("if ((((int)threadIdx.x) >> 5) == 8) {")   # (gemm.storing_warp)
+    assert gemm_src[:counted].rstrip().endswith("if ((((int)threadIdx.x) >> 5) == 8) {")   # (compat.storing_warp)
     # ...the reduction waits for e x per_block finished stores of the row block
     assert re.search(rf"wait_until_pe<unsigned long long>\(.*done\[.*, \(e \* \(uint64_t\){per_block}\),", red_src)
 

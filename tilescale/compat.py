@@ -52,6 +52,8 @@ UPSTREAM: tuple[Upstream, ...] = (
     Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (Op.begin: ops/vectors.py "
                                                    "stream_getter, through raw_stream_query)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
+    Upstream("tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store",
+             "GEMM+RS's count of a tile once its store is written (storing_warp)"),
 )
 
 
@@ -163,6 +165,18 @@ def post_order_visit(stmt, visit) -> None:
     from tvm.tirx.stmt_functor import post_order_visit as _visit
 
     _visit(stmt, visit)
+
+
+def storing_warp(threads: int) -> int:
+    """The warp, among a block's `threads` consumer threads (0 = their first), whose elected lane issues the TMA
+    store of ``T.copy(shared, global)`` in a warp-specialised GEMM: tilelang puts its producer warpgroup (4 warps)
+    first and elects the first warp whose index in the block is a multiple of threads / 32
+    (``tl_shuffle_elect<threads>``): warp 4 of 8 for 256 consumer threads, warp 0 of 4 for 128. Only that
+    warp can wait for the store to be written (a thread waits for its own bulk stores), so it is the one to
+    count the tile (``T.release_stores``, once per tile). Undocumented: tests/test_compat.py checks it on the
+    generated code."""
+    per = threads // 32
+    return -(-4 // per) * per - 4
 
 
 # ------------------------------------------------------------------------------------------------- torch

@@ -375,7 +375,7 @@ def release_stores(counter, value=1, *, scope="sys", pending=0):
     Every thread of each calling warp must call it (a warp-level step). The counter grows by `value` per
     warp: a block whose W consumer warps call it after storing a tile adds W x `value`, not one per thread. A
     tile stored by ``T.copy`` (one TMA store, issued by one elected lane) can be counted once, by that lane's
-    warp alone (which warp tilelang elects: ``tilescale.ops.gemm.storing_warp``): each release at system scope
+    warp alone (which warp tilelang elects: ``tilescale.compat.storing_warp``): each release at system scope
     costs a memory barrier; another warp's release would not wait for the store.
     ``pending=n`` leaves this thread's n most recent groups of TMA stores in flight (``wait_group n``): a
     persistent kernel counts tile i once it has issued the store of tile i + 1, so that the write of tile i is

@@ -104,18 +104,6 @@ def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None):
         T.gemm(As, Bs, Cl)
 
 
-def storing_warp(threads: int) -> int:
-    """The warp, among a block's `threads` consumer threads (0 = their first), whose elected lane issues the TMA
-    store of ``T.copy(Cs, C[...])`` in the tile loop's kernels: tilelang puts its producer warpgroup (4 warps)
-    first and elects the first warp whose index in the block is a multiple of threads / 32
-    (``tl_shuffle_elect<threads>``): warp 4 of 8 for 256 consumer threads, warp 0 of 4 for 128. Only that
-    warp can wait for the store to be written (a thread waits for its own bulk stores), so it is the one to
-    count the tile (``T.release_stores``, once per tile). tests/test_gemm_rs_path_cpu.py checks it on the
-    generated code."""
-    per = threads // 32
-    return -(-4 // per) * per - 4
-
-
 @T.macro
 def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
     """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of

@@ -61,6 +61,7 @@ its count polled with atomic fetches, its rows fetched with a get into a symmetr
 import tilescale
 import tilescale.language as T
 
+from ..compat import storing_warp
 from . import checks, op_cache, vectors
 from .base import Op, _capturing
 from .gemm import (
@@ -70,7 +71,6 @@ from .gemm import (
     main_loop,
     padded_rows,
     problem_config,
-    storing_warp,
     tile_buffers,
     tile_loop,
 )
@@ -147,7 +147,7 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                 landed = T.alloc_shared((1,), "uint64", scope="shared")  # its mbarrier
                 T.init_barrier(landed)
                 # one consumer warp makes every use of the call number: it loads the sum in, issues the tile's
-                # store (tilelang elects one of its lanes: gemm.storing_warp) and counts it once written;
+                # store (tilelang elects one of its lanes: compat.storing_warp) and counts it once written;
                 # nothing else waits for the count
                 e = T.alloc_local((1,), "uint64")
                 started = T.alloc_local((1,), "int32")                  # its load of the sum in has started
