@@ -242,6 +242,18 @@ def call_number_bad_scope():
     return main
 
 
+@tilescale.jit
+def wait_barrier_bad_phase():
+    @T.prim_func
+    def main(A: T.Tensor((64,), "float16")):
+        with T.Kernel(1, threads=32):
+            bar = T.alloc_shared((1,), "uint64", scope="shared")
+            T.init_barrier(bar)
+            T.wait_barrier(bar, 2)  # <wait_phase>
+
+    return main
+
+
 # (factory, marker, what must be in the message besides the file:line: argument, value, expectation)
 CASES = [
     (ld_bad_scope, "ld_scope", ["T.ld", "scope", "'device'", "'cta'", "'gpu'", "'sys'"]),
@@ -265,6 +277,7 @@ CASES = [
                                                   "scope=\"shared\""]),
     (load_async_into_global, "load_global", ["T.load_async", "global", "expected a global src and a shared dst"]),
     (init_barrier_no_arrivals, "init_arrivals", ["T.init_barrier", "arrivals", "got 0", "expected an int >= 1"]),
+    (wait_barrier_bad_phase, "wait_phase", ["T.wait_barrier", "phase", "got 2", "expected 0 or 1"]),
     (call_number_bad_scope, "call_scope", ["T.call_number", "scope", "'grid'", "expected one of 'block', 'warp'"]),
 ]
 

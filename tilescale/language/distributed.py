@@ -443,6 +443,12 @@ def wait_barrier(barrier, phase=0):
     complete: after :func:`load_async`, the rows are in shared memory. Any thread may wait. It waits without a
     timeout: start the copy of that phase first (a wait on a flag that may never come belongs before it, in
     ``T.wait_until``, which can give up: ``TILESCALE_WAIT_TIMEOUT_S``)."""
+    if isinstance(phase, int) and not isinstance(phase, bool):
+        ok = phase in (0, 1)
+    else:
+        ok = isinstance(phase, tirx.PrimExpr) and str(phase.dtype).startswith(("int", "uint"))
+    if not ok:
+        raise _err("wait_barrier", f"phase: got {phase!r}, expected 0 or 1 (or an integer expression: the parity)")
     T.evaluate(T.call_extern("handle", "tilescale::wait_barrier", _barrier("wait_barrier", barrier), phase))
 
 
