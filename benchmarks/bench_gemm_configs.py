@@ -225,6 +225,43 @@ def gemm_persistent_kernel(block_m: int, block_n: int, block_k: int, stages: int
     return gemm
 
 
+@tilescale.jit
+def gemm_flat_kernel(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, stages: int, threads: int,
+                     swizzle: int = 10, sms: int = SMS, dtype: str = "bfloat16"):
+    """--push's "flat": C = A @ B on `sms` persistent blocks through ONE pipelined loop over (tile, K tile), tiles in
+    swizzled launch order: the producer loads the next tile's operands while this tile's epilogue runs (the
+    persistent push kernel's loop, tilescale/ops/gemm_reduce_scatter.py, without its sums and counts). M, N, K
+    fixed, as the push kernel's (the tile's indices are divisions by constants, in the producer's every step)."""
+
+    @T.prim_func
+    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(sms, threads=threads) as bid:
+            As = T.alloc_shared((block_m, block_k), dtype)
+            Bs = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            Cs = T.alloc_shared((block_m, block_n), dtype)
+            tiles_m, tiles_n = T.ceildiv(M, block_m), T.ceildiv(N, block_n)
+            k_tiles = T.ceildiv(K, block_k)
+            for it in T.Pipelined(T.ceildiv(tiles_m * tiles_n - bid, sms) * k_tiles, num_stages=stages):
+                ko = it % k_tiles
+                by, bx = tile_order((it // k_tiles) * sms + bid, tiles_m, tiles_n, swizzle)
+                T.copy(A[by * block_m, ko * block_k], As)
+                T.copy(B[ko * block_k, bx * block_n], Bs)
+                T.gemm(As, Bs, Cl, clear_accum=ko == 0)   # (wgmma's scale-d: a T.clear here costs a select per
+                                                          # accumulator register in every step)
+                if ko == k_tiles - 1:
+                    T.copy(Cl, Cs)
+                    T.fence_proxy_async()   # else tilelang fences every step's wgmma (the store's lane alone fences)
+                    T.copy(Cs, C[by * block_m, bx * block_n])
+
+    return gemm
+
+
+# --push's "flat": the persistent push kernel's config (no C tile aliasing the stages: a persistent block's stages hold
+# the next tile's operands while its C tile is stored)
+FLAT = (128, 256, 64, 3, 256, 8)
+
+
 def kernel_key(cfg: GemmConfig, epilogue: str) -> tuple:
     return (cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle, epilogue)
 
@@ -442,11 +479,12 @@ def run_split(args) -> None:
 def run_push(args) -> None:
     """--push: GEMM+RS's one kernel (its push path, tilescale/ops/gemm_reduce_scatter.py) as rank 0 of W runs it,
     on this GPU alone (``gemm_rs_push_loopback_kernel``: its pushes go into its own memory, counted in its own
-    words, where its next steps wait for them and add them), with the op's config of each (shape, W) and with the
-    pull path's tuned one; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its count released at GPU
-    scope, to split what the count costs) and the plain tile loop ("tma"), timed in turns in the same run; 3
-    back-to-back calls checked first. What it cannot show: NVLink's latency and bandwidth (the stores go to this
-    GPU's memory)."""
+    words, where its next steps wait for them and add them): the op's kernel ("push": the step-by-step grid or the
+    persistent kernel, as the op picks), the other of the two with the op's config ("other"), the grid with the pull
+    path's tuned config; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its count released at GPU scope,
+    to split what the count costs), the plain tile loop ("tma"; "tma_cn": after a call number) and the persistent
+    kernel's loop alone ("flat": 128x256x64, 3 stages), timed in turns in the same run; 3 back-to-back calls
+    checked first. What it cannot show: NVLink's latency and bandwidth (the stores go to this GPU's memory)."""
     import torch
 
     from tilescale.ops import gemm_reduce_scatter as grs
@@ -456,14 +494,22 @@ def run_push(args) -> None:
     probs = [(W, (M, N, K)) for op, W, (M, N, K) in problems() if op == "gemm_rs"]
     cfgs = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs") for p in probs}        # the pull path's GEMM's
     ops = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs_push") for p in probs}    # the push kernel's
-    pushed = {p: list(dict.fromkeys([ops[p]] + [c] * (check(c, *p[1], world_size=p[0], op="gemm_rs_push") is None)))
-              for p, c in cfgs.items()}     # the op's first; the pull path's where it fits (the push kernel's smem)
-    jobs = {(p, c): (grs.gemm_rs_push_loopback_kernel, (p[1][0], p[1][1], p[1][2], p[0], "bfloat16", c.block_m,
-                                                        c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
-            for p, cs in pushed.items() for c in cs}
+    pers = {p: grs.persistent_push(p[1][2], p[0], ops[p]) for p in probs}               # the op's kernel
+
+    def push_job(p, c, persistent: bool):
+        return (grs.gemm_rs_push_loopback_kernel, (*p[1], p[0], "bfloat16", c.block_m, c.block_n, c.block_k, c.stages,
+                                                   c.threads, c.swizzle) + ((SMS,) if persistent else ()))
+
+    variants = {p: [("push", ops[p], push_job(p, ops[p], pers[p])),
+                    ("other", ops[p], push_job(p, ops[p], not pers[p]))]
+                + [("push pull-tuned", c, push_job(p, c, False)) for c in [cfgs[p]]
+                   if c != ops[p] and check(c, *p[1], world_size=p[0], op="gemm_rs_push") is None]
+                for p in probs}
     cn = {c: (gemm_call_number_kernel, (c.block_m, c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
           for c in set(cfgs.values())}
-    compile_jobs(list(jobs.values()) + list(cn.values()), args.workers)
+    flat = {p: (gemm_flat_kernel, (*p[1], *FLAT)) for p in probs}
+    compile_jobs([job for vs in variants.values() for _, _, job in vs] + list(cn.values()) + list(flat.values()),
+                 args.workers)
     epis = ("signal", "signal_gpu", "tma")
     tiles, _ = compile_all(sorted({(c, e) for c in cfgs.values() for e in epis}, key=str), args.workers,
                            build_only=False)
@@ -474,11 +520,11 @@ def run_push(args) -> None:
         B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
         rows_w = M // W
         want = (X.view(W, rows_w, K).float() @ B.float()).sum(0)   # rank 0's rows + what it pushed for the others
+        ref = X @ B
         Cf = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         done = torch.zeros(M // cfg.block_m, device="cuda", dtype=torch.uint64)
         fns, errs = {"cublas": lambda: torch.matmul(X, B, out=Cf)}, {}
-        for c in pushed[(W, (M, N, K))]:
-            fn, fargs = jobs[((W, (M, N, K)), c)]
+        for name, c, (fn, fargs) in variants[(W, (M, N, K))]:
             push = fn(*fargs)
             C = torch.full((rows_w, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             slab, words = grs.push_shapes(M, N, W, c.block_m, c.block_n)
@@ -490,7 +536,6 @@ def run_push(args) -> None:
                 C.fill_(float("nan"))
                 push(*a)
             torch.cuda.synchronize()
-            name = "push" if c == ops[(W, (M, N, K))] else "push pull-tuned"
             errs[name] = err = ((C.float() - want).abs().max() / want.abs().max()).item()
             if not err < 2e-2:
                 raise AssertionError(f"{name} W={W} {M}x{N}x{K} {c.short()}: relative max error {err:.3g}")
@@ -503,21 +548,32 @@ def run_push(args) -> None:
         k_cn = fn(*fargs)
         counts = torch.zeros((M // cfg.block_m) * (N // cfg.block_n), device="cuda", dtype=torch.int64)
         fns["tma_cn"] = (lambda k=k_cn, counts=counts: k(X, B, Cf, counts))
+        fn, fargs = flat[(W, (M, N, K))]
+        k_flat = fn(*fargs)
+        Cf.fill_(float("nan"))
+        k_flat(X, B, Cf)
+        torch.cuda.synchronize()
+        errs["flat"] = err = ((Cf.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"flat W={W} {M}x{N}x{K}: relative max error {err:.3g}")
+        fns["flat"] = (lambda k=k_flat: k(X, B, Cf))
         us = time_in_turns(fns, args.reps, args.target_us)
         ratio = {k: f"{us['cublas'] / v:.2f}" for k, v in us.items()}
-        rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(), cfg.short(),
-                     f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}", ratio["push"],
-                     ratio.get("push pull-tuned", "-"), ratio.get("signal", "-"),
-                     ratio.get("signal_gpu", "-"), ratio.get("tma", "-"), ratio.get("tma_cn", "-")])
-        out.append(dict(world_size=W, M=M, N=N, K=K, config=ops[(W, (M, N, K))].to_dict(), pull_config=cfg.to_dict(),
-                        us=us, err=errs))
+        rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(),
+                     "persistent" if pers[(W, (M, N, K))] else "grid", cfg.short(),
+                     f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}"]
+                    + [ratio.get(k, "-") for k in ("push", "other", "push pull-tuned", "signal", "signal_gpu", "tma",
+                                                   "tma_cn", "flat")])
+        out.append(dict(world_size=W, M=M, N=N, K=K, config=ops[(W, (M, N, K))].to_dict(),
+                        persistent=pers[(W, (M, N, K))], pull_config=cfg.to_dict(), us=us, err=errs))
         print(f"  W={W} {M}x{N}x{K}: {us}", flush=True)
     print_table(f"GEMM+RS's GEMM, bf16, one {torch.cuda.get_device_name()}: the push kernel (loopback) vs cuBLAS "
-                "(ratio = cuBLAS time / ours; push: the op's config; push pull-tuned, signal (the pull path's GEMM), "
-                "signal_gpu (its counts released at GPU scope: a diagnostic), tma (the tile loop alone) and tma_cn "
-                "(the same after a T.call_number): the pull path's tuned config)",
-                ["W", "MxNxK (per rank)", "op's config", "pull's config", "cuBLAS TFLOP/s", "push", "push pull-tuned",
-                 "signal", "signal_gpu", "tma", "tma_cn"], rows)
+                "(ratio = cuBLAS time / ours; push: the op's kernel and config; other: the other kernel (grid or "
+                "persistent), same config; push pull-tuned (grid), signal (the pull path's GEMM), signal_gpu (its "
+                "counts released at GPU scope: a diagnostic), tma (the tile loop alone) and tma_cn (the same after a "
+                "T.call_number): the pull path's tuned config; flat: the persistent kernel's loop alone)",
+                ["W", "MxNxK (per rank)", "op's config", "op's kernel", "pull's config", "cuBLAS TFLOP/s", "push",
+                 "other", "push pull-tuned", "signal", "signal_gpu", "tma", "tma_cn", "flat"], rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=out), f, indent=1)

@@ -48,11 +48,69 @@ def test_ranks_sharing_a_gpu_through_mps_pull(no_runtime, monkeypatch, tmp_path)
 
 
 def test_each_path_builds_its_own_kernels(no_runtime):
-    [(fn, args)] = grs.kernels(4096, 2048, 1024, 4, "bfloat16")
-    assert fn is grs.gemm_rs_push_kernel and args[:5] == (4096, 2048, 1024, 4, "bfloat16")
+    [(fn, args)] = grs.kernels(4096, 2048, 4096, 4, "bfloat16")
+    assert fn is grs.gemm_rs_push_kernel and args[:5] == (4096, 2048, 4096, 4, "bfloat16")
     assert GemmConfig(*args[5:]) == DEFAULT      # no tuning entries of its own: the default config
     (g, _), (r, _) = grs.kernels(4096, 2048, 1024, 4, "bfloat16", path="pull")
     assert (g, r) == (grs.gemm_rs_gemm_kernel, grs.gemm_rs_reduce_kernel)
+
+
+def test_short_k_pushes_from_a_persistent_kernel_on_every_sm(no_runtime):
+    """At most PERSISTENT_MAX_K_TILES steps of K per tile: the persistent kernel, one block per SM (`sms`)."""
+    assert grs.PERSISTENT_MAX_K_TILES * DEFAULT.block_k == 2048
+    [(fn, args)] = grs.kernels(4096, 2048, 2048, 4, "bfloat16", sms=114)
+    assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[5:11]) == DEFAULT and args[11:] == (114,)
+    assert grs.kernels(4096, 2048, 2112, 4, "bfloat16")[0][1][11:] == ()          # 33 steps: the grid
+    assert grs.kernels(4096, 2048, 1024, 1, "bfloat16")[0][1][11:] == ()          # world size 1: the GEMM alone
+    assert not grs.persistent_push(1024, 1, DEFAULT) and grs.persistent_push(64, 2, DEFAULT)
+
+
+def test_persistent_kernel_rasterizes_in_equal_panels():
+    """16 rows of tiles per rank in panels of 10 and 6 ran at half speed (RESULTS.md run 28): the persistent kernel
+    takes the largest panel <= the config's swizzle that divides its rows."""
+    from tilescale.ops.gemm import even_panel
+
+    assert [even_panel(rows, 10) for rows in (8, 16, 32, 12, 7)] == [8, 8, 8, 6, 7]
+    assert even_panel(16, 0) == 0 and even_panel(16, 16) == 16
+    # in the kernel: 16 rows of tiles per rank (M = 8192 at 4 ranks): swizzle 10 rasterizes as 8 does, not as 16
+
+    def src(swizzle):
+        return kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(8192, 8192, 512, 4, "bfloat16", 128, 256,
+                                                                             64, 3, 256, swizzle, persistent=132)))
+
+    assert src(10) == src(8) != src(16)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_persistent_push_kernel_protocol(W):
+    """The persistent kernel (module docstring): one pipelined loop over (tile, K step) per block; the accumulator
+    cleared by wgmma's scale-d, nothing fenced or selected in a step; the sum in loaded early or after one wait into
+    the padded tile, added, the sum out written back into it and pushed from it by one bulk copy through rank
+    me - 1's view; that tile counted at the block's next tile's epilogue before anything there waits, the last
+    one after the loop; my rows from the registers."""
+    M, N, K = 2048, 512, 256                  # 4 steps of K; (M / 128) x 2 tiles on 8 blocks: several per block
+    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(M, N, K, W, persistent=8)))
+    assert "blockIdx.y" not in src and "blockIdx.z" not in src          # one block per SM, a 1-D grid
+    consumer = src[src.index("tl::warpgroup_reg_alloc<"):]
+    loop = consumer[consumer.index("for (int it_1 = 0;"):]
+    step = loop[loop.index("mbarrier[(it_1 % 3)].wait("):loop.index("mbarrier[((it_1 % 3) + 3)].arrive();")]
+    assert "fence_proxy_async" not in step and "broadcast_var" not in step and "sync_thread" not in step
+    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(\(it_1 % 4\) == 0\) \? 0 : 1\)\)\);", step), step
+    # a tile's first step: the sum in started if counted already (one copy of the padded tile)
+    first = loop[:loop.index("mbarrier[(it_1 % 3)].wait(")]
+    assert first.index("tilescale::ld<1, 2, unsigned long long>((&(arrived[")< first.index("load_rows_async((&(R[")
+    assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in first
+    # its last step: count the tile pushed before (before any wait), wait for the sum in, add it, push or store
+    last = loop[loop.index("if ((it_1 & 3) == 3) {"):]
+    count = last.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[pend[")
+    assert count < last.index("tilescale::wait_until<unsigned long long>((&(arrived[")
+    assert last.index("tilescale::wait_barrier((&(landed[0])), (loads[0] & 1));") < last.index("__bfloat1622float2")
+    push = last.index("tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
+    assert last.rindex("tl::fence_proxy_async();", 0, push) > last.index("__float22bfloat162_rn")  # written, fenced
+    assert "pend[0] = " in last[push:] and "*(uint1*)(C + " in last                       # my rows: registers
+    assert "tma_store" not in src and src.count("tilescale::release_stores<") == 2
+    tail = consumer[consumer.rindex("tilescale::release_stores<"):]
+    assert "it_1" not in tail                                              # the last count: after the loop
 
 
 def test_push_configs_leave_room_for_the_sum_in():

@@ -222,6 +222,27 @@ def load_async_into_global():
 
 
 @tilescale.jit
+def store_async_odd_rows():
+    @T.prim_func
+    def main(A: T.Tensor((64, 100), "float16")):
+        with T.Kernel(1, threads=32):
+            s = T.alloc_shared((64, 104), "float16")
+            T.store_async(s[0:64, 0:100], A[0:64, 0:100])  # <store_rows>
+
+    return main
+
+
+@tilescale.jit
+def store_async_from_global():
+    @T.prim_func
+    def main(A: T.Tensor((64, 64), "float16"), B: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=32):
+            T.store_async(A, B)  # <store_global>
+
+    return main
+
+
+@tilescale.jit
 def init_barrier_no_arrivals():
     @T.prim_func
     def main(A: T.Tensor((64,), "float16")):
@@ -276,6 +297,8 @@ CASES = [
     (load_async_dynamic_barrier, "load_barrier", ["T.load_async", "barrier", "'bar'", "shared.dyn",
                                                   "scope=\"shared\""]),
     (load_async_into_global, "load_global", ["T.load_async", "global", "expected a global src and a shared dst"]),
+    (store_async_odd_rows, "store_rows", ["T.store_async", "row size", "200 bytes", "a multiple of 16"]),
+    (store_async_from_global, "store_global", ["T.store_async", "global", "expected a shared src and a global dst"]),
     (init_barrier_no_arrivals, "init_arrivals", ["T.init_barrier", "arrivals", "got 0", "expected an int >= 1"]),
     (wait_barrier_bad_phase, "wait_phase", ["T.wait_barrier", "phase", "got 2", "expected 0 or 1"]),
     (call_number_bad_scope, "call_scope", ["T.call_number", "scope", "'grid'", "expected one of 'block', 'warp'"]),

@@ -104,14 +104,23 @@ def test_gemm_rs_push_kernel_compiles_for_sm90():
     assert argtypes_for(call_signature(host), PUSH_PARAMS) == [ctypes.c_void_p] * (len(PUSH_PARAMS) + 1), host
     assert r.source.count("tilescale::release_stores<") == 1 and r.source.count("tilescale::wait_until<") == 1
     assert r.source.count("tilescale::load_rows_async(") == 2 and "tl::tma_store(Rp_desc" in r.source
+    # the persistent kernel (short K): the sum out by one bulk copy from the padded tile, counted one tile later
+    p = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16", persistent=8)
+    assert "tl::tma_store(" not in p.source and p.source.count("tilescale::store_rows_async(") == 1
+    assert p.source.count("tilescale::release_stores<") == 2        # at the next tile's epilogue; after the loop
 
 
 if pytest is not None:
+    # (M, N, K) per world size n: K / n = 4096, the push path's step-by-step grid; K / n = 1024, its persistent
+    # kernel with 128 x n tiles, several per block (gemm_reduce_scatter.persistent_push)
+    SHAPES = {"grid": lambda n: (512 * n, 1024, 4096 * n), "persistent": lambda n: (2048 * n, 2048, 1024 * n)}
+
     @pytest.mark.multigpu
+    @pytest.mark.parametrize("kernel", list(SHAPES))
     @pytest.mark.parametrize("nranks", [2, 4])
-    def test_gemm_rs_on_gpus(nranks):
+    def test_gemm_rs_on_gpus(nranks, kernel):
         testing.skip_unless_ranks(nranks)
-        proc = testing.launch(__file__, nranks, "--shape", str(512 * nranks), "1024", "2048")
+        proc = testing.launch(__file__, nranks, "--shape", *map(str, SHAPES[kernel](nranks)))
         testing.assert_all_ranks_ok(proc, nranks)
 
 

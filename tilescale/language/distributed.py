@@ -63,7 +63,7 @@ __all__ = [
     "put_signal_block", "put_signal_warp", "put_signal_thread",
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
-    "ld", "st", "atom_add", "atom_cas", "release_stores", "load_async",
+    "ld", "st", "atom_add", "atom_cas", "release_stores", "load_async", "store_async",
     "init_barrier", "wait_barrier",
     "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
@@ -415,6 +415,28 @@ def load_async(src, dst, *, barrier):
     # make tilelang synchronise the threads on every iteration
     T.evaluate(T.call_extern("handle", "tilescale::load_rows_async", s.ptr("r"), T.address_of(d.start), rows,
                              row_bytes, src_ld, dst_ld, _barrier("load_async", barrier)))
+
+
+def store_async(src, dst):
+    """Start copying the shared tile `src` into the global tile `dst` (local, or a peer's through its mapping) by
+    bulk copies (``cp.async.bulk``, one per row; one copy where both sides are contiguous), and return once they
+    have read `src` (it may be written again): their writes complete later. Count them once written with
+    :func:`release_stores` by the same warp (a bulk group of its lanes, as a TMA store's). Every lane of one warp
+    calls it; the threads that wrote `src` fence (``T.fence_proxy_async()``) before it (tilelang synchronises them
+    here: the call reads `src`).
+
+    Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
+    completion awaited by :func:`release_stores`."""
+    s, d, rows, row_bytes, src_ld, dst_ld = _pair("store_async", src, dst, None, remote="none")
+    if not s.buffer.scope().startswith("shared") or d.buffer.scope() != "global":
+        raise _err("store_async", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
+                   "shared src and a global dst")
+    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
+        n = _as_int(v)
+        if n is not None and n % 16:
+            raise _err("store_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
+    T.evaluate(T.call_extern("handle", "tilescale::store_rows_async", s.ptr("r"), d.ptr("w"), rows, row_bytes,
+                             src_ld, dst_ld))
 
 
 def _barrier(op: str, bar):

@@ -183,6 +183,13 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
     return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
 
 
+def even_panel(rows: int, swizzle: int) -> int:
+    """The largest panel height <= `swizzle` that divides `rows` rows of tiles into equal panels (0: 0), for
+    :func:`tile_order` over few rows: 16 rows in panels of 10 and 6 ran GEMM+RS's persistent kernel at half speed,
+    in panels of 8 at full (RESULTS.md run 28, J6)."""
+    return max(p for p in range(1, swizzle + 1) if rows % p == 0) if swizzle > 0 else 0
+
+
 def split_block(b, plan: SplitPlan, k_tiles: int):
     """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions)."""
     tail = b >= plan.full

@@ -39,6 +39,15 @@ waits for nothing), which on distinct GPUs and for ranks that share a GPU time-s
 GPU under MPS take the pull path (a rank's waiting tiles could hold every SM of the GPU they share). The sums
 are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
 
+*Persistent kernel* (:func:`persistent_push`: tiles with a short loop over K, where a block's start and end
+cost most): one block per SM runs tiles b, b + SMs, ... of the same grid order through ONE pipelined loop
+over (tile, K step), so the producer loads the next tile's operands while a tile's epilogue runs. It has no C
+tile in shared memory (three stages fit): the sum in lands in one padded tile and the sum out leaves from it
+(``T.store_async``: one bulk copy into R, whose tiles are padded alike); my rows go to C from the registers.
+The protocol is the same but for step 2: the storing warp counts a pushed tile at the block's next tile's
+epilogue, before anything there waits (its write long done), and its last one after the loop. A block may
+then wait for a tile of a block launched after its own: every block of the grid is resident (one per SM).
+
 **pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
 GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
 finished row block of every rank as soon as its count is complete and sums it in fp32, while the GEMM goes on.
@@ -68,40 +77,46 @@ from .gemm import (
     SUM_IN_PAD,
     GemmConfig,
     check_problem,
+    even_panel,
     main_loop,
     padded_rows,
     problem_config,
     tile_buffers,
     tile_loop,
+    tile_order,
 )
 
 __all__ = ["GemmRS", "gemm_rs"]
 
 PATHS = ("push", "pull")
 MAX_PUSH_RANKS = 8     # the push path's ranks: one NVLink domain (8 GPUs of a node)
+PERSISTENT_MAX_K_TILES = 32   # the push path's persistent kernel: tiles of at most this many K steps
 # the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
 PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
 
 
 @tilescale.jit
 def gemm_rs_push_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
-                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
+                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
+                        persistent: int = 0):
     """The one kernel of :class:`GemmRS`'s push path (module docstring): each tile of a peer's rows, with the
     partial sum that rank me + 1 pushed for it added, pushed on into rank me - 1's ``R`` and counted in its
     ``arrived`` (`Rp`, `Ap`: those of rank me - 1, through its peer mapping); my rows, with theirs added, into
-    C. No NVSHMEM call but the rank: the peer is reached through its mapping."""
-    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False)
+    C. No NVSHMEM call but the rank: the peer is reached through its mapping. `persistent` > 0 (world size > 1):
+    the persistent kernel on that many blocks, one per SM (at most the GPU's SMs: every block must be resident)."""
+    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False,
+                      persistent)
 
 
 @tilescale.jit
 def gemm_rs_push_loopback_kernel(M: int, N: int, K: int, ranks: int, dtype: str = "bfloat16", block_m: int = 128,
                                  block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                                 swizzle: int = 10):
+                                 swizzle: int = 10, persistent: int = 0):
     """:func:`gemm_rs_push_kernel` as rank 0 of `ranks` runs it, on one GPU with no peers, in a job of any size
     (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its next steps
     wait for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters (`Rp`, `Ap`
     unused: any tensors of their shapes)."""
-    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True)
+    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True, persistent)
 
 
 def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> tuple:
@@ -112,7 +127,11 @@ def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> 
     return (2 * slots * tiles * block_m, block_n + SUM_IN_PAD), (slots * tiles,)
 
 
-def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool):
+def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
+               persistent: int = 0):
+    if persistent and world_size > 1:
+        return _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
+                                     loopback, persistent)
     W = world_size
     rows = M // W
     tiles_m = M // block_m
@@ -188,6 +207,117 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                         T.copy(Cs, Rp[rows_at(e[0], w_out), 0])
                         if T.get_thread_binding() // 32 == sw:
                             T.release_stores(Ap[w_out], 1, scope="sys")
+
+    return gemm_rs_push
+
+
+def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
+                          loopback: bool, blocks: int):
+    """:func:`_push_func` on `blocks` persistent blocks, one per SM (module docstring, *persistent kernel*): block
+    b runs tiles b, b + blocks, ... of the step-by-step grid's order through ONE pipelined loop over (tile, K step);
+    a pushed tile is counted at the block's next tile's epilogue, before anything there waits."""
+    W = world_size
+    rows = M // W
+    tiles_m = M // block_m
+    tiles_per_rank = tiles_m // W
+    tiles_n = N // block_n
+    tiles = tiles_per_rank * tiles_n     # an owner's tiles
+    slots = W - 1
+    k_tiles = -(-K // block_k)
+    total = W * tiles
+    blocks = min(blocks, total)
+    panel = even_panel(tiles_per_rank, swizzle)     # within a step
+    slab, words = push_shapes(M, N, W, block_m, block_n)
+    sw = storing_warp(threads)
+
+    def rows_at(e, w):
+        return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
+
+    @T.prim_func
+    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
+                     R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
+                     counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
+                     Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
+        with T.Kernel(blocks, threads=threads) as bid:
+            As = T.alloc_shared((block_m, block_k), dtype)
+            Bs = T.alloc_shared((block_k, block_n), dtype)
+            Cl = T.alloc_fragment((block_m, block_n), "float32")
+            # the sum in lands here, and the sum out leaves from here (one bulk copy each way: R's tiles are padded
+            # as this buffer); no C tile beside it, so that 3 stages fit
+            Rs = T.alloc_shared((block_m, block_n + SUM_IN_PAD), dtype)
+            landed = T.alloc_shared((1,), "uint64", scope="shared")
+            T.init_barrier(landed)
+            e = T.alloc_local((1,), "uint64")
+            started = T.alloc_local((1,), "int32")
+            loads = T.alloc_local((1,), "int32")      # sums in loaded so far (the barrier's phase)
+            pend = T.alloc_local((1,), "int32")       # the word of the pushed tile not yet counted, or -1
+            loads[0] = 0
+            pend[0] = -1
+            started[0] = 0
+            me = T.get_rank()
+            if T.get_thread_binding() // 32 == sw:
+                e[0] = T.call_number(counters, scope="warp")
+            # tilelang's proxy fences: those before the loop (the barrier's set-up) would fence every step's wgmma
+            T.fence_proxy_async()
+            for it in T.Pipelined(T.ceildiv(total - bid, blocks) * k_tiles, num_stages=stages):
+                g = (it // k_tiles) * blocks + bid
+                ko = it % k_tiles
+                d = g // tiles + 1
+                t, bx = tile_order(g % tiles, tiles_per_rank, tiles_n, panel)
+                rb = ((me + d) % W) * tiles_per_rank + t
+                tile = t * tiles_n + bx
+                w_in = (d - 2) * tiles + tile
+                w_out = (d - 1) * tiles + tile
+                T.copy(X[rb * block_m, ko * block_k], As)
+                T.copy(Wt[ko * block_k, bx * block_n], Bs)
+                if ko == 0:
+                    if d > 1:
+                        if T.get_thread_binding() // 32 == sw:
+                            started[0] = 0
+                            if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
+                                T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
+                                             barrier=landed)
+                                started[0] = 1
+                    T.fence_proxy_async()   # (as above: else every step's wgmma is fenced)
+                # the accumulator cleared by wgmma's scale-d at a tile's first step (a T.clear here costs a select per
+                # accumulator register in every step)
+                T.gemm(As, Bs, Cl, clear_accum=ko == 0)
+                if ko == k_tiles - 1:
+                    if T.get_thread_binding() // 32 == sw:
+                        if pend[0] >= 0:              # the tile pushed before this one: count it
+                            if loopback:
+                                T.release_stores(arrived[pend[0]], 1, scope="sys")
+                            else:
+                                T.release_stores(Ap[pend[0]], 1, scope="sys")
+                            pend[0] = -1
+                    if d > 1:
+                        if T.get_thread_binding() // 32 == sw:
+                            if started[0] == 0:
+                                T.wait_until(arrived[w_in], cmp="ge", value=e[0])
+                                T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
+                                             barrier=landed)
+                        T.wait_barrier(landed, loads[0] % 2)
+                        loads[0] = loads[0] + 1
+                        for i, k in T.Parallel(block_m, block_n):
+                            Cl[i, k] += Rs[i, k]
+                    if d == W:                        # my rows, complete: straight from the registers
+                        T.copy(Cl, C[t * block_m, bx * block_n])
+                    else:                             # on to rank me - 1, from shared memory by one bulk copy
+                        T.copy(Cl, Rs[0:block_m, 0:block_n])
+                        T.fence_proxy_async()
+                        if T.get_thread_binding() // 32 == sw:
+                            if loopback:
+                                T.store_async(Rs, R[rows_at(e[0], w_out):rows_at(e[0], w_out) + block_m, :])
+                            else:
+                                T.store_async(Rs, Rp[rows_at(e[0], w_out):rows_at(e[0], w_out) + block_m, :])
+                            pend[0] = w_out
+                    T.fence_proxy_async()   # (the stores into C: else every step's wgmma is fenced)
+            if T.get_thread_binding() // 32 == sw:     # the block's last pushed tile
+                if pend[0] >= 0:
+                    if loopback:
+                        T.release_stores(arrived[pend[0]], 1, scope="sys")
+                    else:
+                        T.release_stores(Ap[pend[0]], 1, scope="sys")
 
     return gemm_rs_push
 
@@ -286,10 +416,18 @@ def default_path(world_size: int) -> str:
     return "push"
 
 
+def persistent_push(K_local: int, world_size: int, cfg: GemmConfig) -> bool:
+    """Whether the push path runs its persistent kernel (module docstring): at more than one rank, when a tile's
+    loop over K is short (at most :data:`PERSISTENT_MAX_K_TILES` steps), where the step-by-step grid's per-tile
+    start and end cost most (RESULTS.md run 28: 0.81 vs 0.71 of cuBLAS at 16 steps, 0.89 vs 0.92 at 56)."""
+    return world_size > 1 and -(-K_local // cfg.block_k) <= PERSISTENT_MAX_K_TILES
+
+
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
-            config: GemmConfig | None = None, path: str | None = None) -> list:
+            config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
-    :func:`default_path`): the push kernel, or the pull path's GEMM and reduction."""
+    :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the GPU's SM count (the
+    persistent push kernel's blocks, :func:`persistent_push`)."""
     push = (path or default_path(world_size)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape: RESULTS.md run 21)
@@ -297,7 +435,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
     if push:
-        return [(gemm_rs_push_kernel, gemm_args)]
+        return [(gemm_rs_push_kernel, gemm_args + ((sms,) if persistent_push(K_local, world_size, cfg) else ()))]
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
@@ -338,7 +476,8 @@ class GemmRS(Op):
             if sms is not None and reduce_blocks >= sms:
                 checks.fail("GemmRS", "reduce_blocks", repr(reduce_blocks), f"fewer than the {sms} SMs of this GPU "
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
-            jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path)
+            jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path,
+                           sms if sms is not None else 132)
         W = self.world_size
         self.path = path
         (gemm_fn, self.gemm_args) = jobs[0]

@@ -672,6 +672,23 @@ __device__ __forceinline__ void load_rows_async(const void* src, void* dst, int 
                  : "memory");
 #endif
 }
+// T.store_async(src, dst): `rows` rows of `row_bytes` from shared `src` (rows `src_ld` apart) into global `dst` (rows
+// `dst_ld` bytes apart; local or a peer's through its mapping) by bulk copies (cp.async.bulk, one per row, spread over
+// the lanes) in one bulk group per lane; returns once they have read `src`. Their writes complete later:
+// T.release_stores (cp.async.bulk.wait_group 0 in the same lanes) waits for them. Warp-level.
+__device__ __forceinline__ void store_rows_async(const void* src, void* dst, int rows, int row_bytes, int src_ld,
+                                                 long dst_ld) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  const int lane = threadIdx.x & 31;
+  for (int r = lane; r < rows; r += 32)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 ::"l"(static_cast<char*>(dst) + r * dst_ld), "r"(s + r * src_ld), "r"(row_bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  __syncwarp();
+#endif
+}
 // ================================================================= end of asynchronous loads into shared memory
 
 }  // namespace tilescale
