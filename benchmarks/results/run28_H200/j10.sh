@@ -1,0 +1,19 @@
+# run J10 (session 33): GEMM+RS on 4 distinct GPUs: bench_fused --op gemm_rs for the new tree (aa56934: the persistent
+# push kernel on the two short-K shapes) and the tree before (0b21088, .bench-old: the step-by-step grid), back to back;
+# then GEMM+RS's example at 4 ranks, one per GPU (both kernels' shapes, push and pull, bf16 and fp16)
+source .device/prelude.sh
+export TILESCALE_WAIT_TIMEOUT_S=30 NVSHMEM_SYMMETRIC_SIZE=1G
+D=$OUT/j10; mkdir -p $D; export TILESCALE_TEST_LOG_DIR=$D/jobs
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+GPUS=4 timeout 140 bash launch.sh benchmarks/bench_fused.py --op gemm_rs --json $D/new.json > $D/new.log 2>&1; echo "new rc=$? at ${SECONDS}s"
+grep -a -E "^\||Error" $D/new.log | head -8
+( cd .bench-old && PYTHONPATH="$PWD:$PYTHONPATH" GPUS=4 timeout 140 bash launch.sh benchmarks/bench_fused.py --op gemm_rs --json $D/old.json > $D/old.log 2>&1; echo "old rc=$? at ${SECONDS}s" )
+grep -a -E "^\||Error" $D/old.log | head -8
+L=$((400 - SECONDS))
+B=$(mktemp -d)
+timeout $L python3 -m pytest -m multigpu -p no:cacheprovider -v -rs --basetemp $B/t --ranks 4 examples/distributed/example_gemm_reducescatter.py > $D/t4.log 2>&1; echo "t4 rc=$? at ${SECONDS}s"
+rm -rf $B
+grep -a -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" $D/t4.log | grep -v INFO | tail -4
+grep -a -h -E "OK:|Error:" $D/jobs/*.log 2>/dev/null | cut -c1-180 | sort | uniq | tail -4
+echo "shm: $(ls /dev/shm | grep -c cuda.shm); procs: $(pgrep -fc torch.distributed.run)"
+cd $OUT && tar czf j10.tgz j10 && rm -rf j10/jobs
