@@ -1,12 +1,15 @@
 """Diagnostic (session 33, run 28 J9): the persistent push kernel (loopback) with parts of its epilogue removed
 (wrong results: timing only), vs cuBLAS and the flat loop alone."""
 import sys
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/benchmarks")
-import statistics
-import tilescale
-import tilescale.language as T
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]     # the repo (it ran from .device/probe/ there: parents[2])
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+import tilescale  # noqa: E402
+import tilescale.language as T  # noqa: E402
 from tilescale.ops.gemm_reduce_scatter import *  # noqa
-from tilescale.ops.gemm_reduce_scatter import storing_warp, tile_order, SUM_IN_PAD, vectors, push_shapes, even_panel
+from tilescale.ops.gemm_reduce_scatter import SUM_IN_PAD, even_panel, push_shapes, storing_warp, tile_order, vectors  # noqa: E402,F401,E501
+
 
 def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
                           loopback: bool, blocks: int, V=""):
@@ -130,7 +133,8 @@ def diag_kernel(M, N, K, W, V):
 
 def main():
     import torch
-    from bench_gemm_configs import gemm_flat_kernel, time_in_turns, FLAT
+    from bench_gemm_configs import FLAT, gemm_flat_kernel, time_in_turns
+
     from tilescale.ops.prebuild import compile_all
     shapes = [(4, (8192, 8192, 2048)), (4, (16384, 8192, 2048)), (8, (8192, 8192, 1024)), (8, (16384, 8192, 1024))]
     Vs = ["", "nofold", "nostore", "noC", "noRs", "nofold nostore noC noRs"]
