@@ -408,7 +408,8 @@ def build_jobs() -> dict:
     _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M, sms=0)   # the others' rows, 2-D
     split = (allgather_gemm.ag_gemm_kernel,                  # own rows at W = 2 (352 tiles), split on 132 SMs
              (8192, 2752, 1024, 2, 4, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
-    [push] = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="push")
+    [push] = gemm_reduce_scatter.kernels(4096, 2048, 4096, 2, "bfloat16", config=SMALL, path="push")   # the grid
+    [persistent] = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="push")  # short K
     _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))
@@ -416,6 +417,7 @@ def build_jobs() -> dict:
         "ag_gemm": ag,
         "ag_gemm_split": split,
         "gemm_rs": push,
+        "gemm_rs_persistent": persistent,
         "gemm_rs_reduce": red,
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
     }
@@ -437,6 +439,10 @@ def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
     assert "tl::tma_store(Rp_desc" in r.source and "tilescale::release_stores<2" in r.source  # pushed, then counted
     assert "atom_add" not in r.source                                             # (not one release per thread)
+    r = gemm_builds["gemm_rs_persistent"]                          # its persistent kernel, one block per SM
+    assert "rasterization2D" not in r.source and "__launch_bounds__(256" in r.source and "blockIdx.y" not in r.source
+    assert "tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[" in r.source         # pushed, then counted
+    assert r.source.count("tilescale::release_stores<2") == 2 and "tma_store" not in r.source
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source
 
