@@ -626,7 +626,7 @@ __device__ __forceinline__ uint64_t call_number_warp(int64_t* counters, int n) {
 }
 // ========================================================================== end of call numbers
 
-// ====================================================================== asynchronous loads into shared memory
+// =============================================== asynchronous bulk copies: into shared memory and back out
 // T.init_barrier(bar, arrivals): thread 0 makes `bar` (a uint64 in shared memory) an mbarrier expecting `arrivals`
 // arrivals per phase; the block then synchronises (every thread calls it, outside any branch).
 __device__ __forceinline__ void init_barrier(void* bar, int arrivals) {
@@ -689,7 +689,7 @@ __device__ __forceinline__ void store_rows_async(const void* src, void* dst, int
   __syncwarp();
 #endif
 }
-// ================================================================= end of asynchronous loads into shared memory
+// ============================================================================ end of asynchronous bulk copies
 
 }  // namespace tilescale
 
