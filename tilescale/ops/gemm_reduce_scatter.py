@@ -127,6 +127,18 @@ def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> 
     return (2 * slots * tiles * block_m, block_n + SUM_IN_PAD), (slots * tiles,)
 
 
+def _sum_row(e, w, slots: int, tiles: int, block_m: int):
+    """The first row of ``R`` (:func:`push_shapes`) of call `e`'s tile of word `w` (slot and tile) of ``arrived``."""
+    return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
+
+
+def _pushed_to(loopback: bool):
+    """Where the push kernel's sums go and are counted: of its two buffers (its own, rank me - 1's through the
+    peer mapping), its own in the loopback kernel. (Called inline: a buffer bound to a new name in a prim_func
+    would rename the kernel's parameter.)"""
+    return lambda own, peer: own if loopback else peer
+
+
 def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
                persistent: int = 0):
     if persistent and world_size > 1:
@@ -144,8 +156,10 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
 
     sw = storing_warp(threads)
 
-    def rows_at(e, w):     # the first row of R of call e's tile of word w (slot and tile) of `arrived`
-        return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
+    out = _pushed_to(loopback)
+
+    def rows_at(e, w):
+        return _sum_row(e, w, slots, tiles, block_m)
 
     @T.prim_func
     def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
@@ -199,14 +213,9 @@ def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, th
                     w_out = (d - 1) * tiles + tile           # slot d - 1 of rank me - 1
                     # counted once written, by the warp whose elected lane issued the store: one release at
                     # system scope per tile
-                    if loopback:
-                        T.copy(Cs, R[rows_at(e[0], w_out), 0])
-                        if T.get_thread_binding() // 32 == sw:
-                            T.release_stores(arrived[w_out], 1, scope="sys")
-                    else:
-                        T.copy(Cs, Rp[rows_at(e[0], w_out), 0])
-                        if T.get_thread_binding() // 32 == sw:
-                            T.release_stores(Ap[w_out], 1, scope="sys")
+                    T.copy(Cs, out(R, Rp)[rows_at(e[0], w_out), 0])
+                    if T.get_thread_binding() // 32 == sw:
+                        T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
 
     return gemm_rs_push
 
@@ -230,8 +239,10 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
     slab, words = push_shapes(M, N, W, block_m, block_n)
     sw = storing_warp(threads)
 
-    def rows_at(e, w):
-        return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
+    out = _pushed_to(loopback)
+
+    def tile_of(buf, e, w):    # call e's tile of word w in `buf` (R or rank me - 1's), its padded rows
+        return buf[_sum_row(e, w, slots, tiles, block_m):_sum_row(e, w, slots, tiles, block_m) + block_m, :]
 
     @T.prim_func
     def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
@@ -275,8 +286,7 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                         if T.get_thread_binding() // 32 == sw:
                             started[0] = 0
                             if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
-                                T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
-                                             barrier=landed)
+                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
                                 started[0] = 1
                     T.fence_proxy_async()   # (as above: else every step's wgmma is fenced)
                 # the accumulator cleared by wgmma's scale-d at a tile's first step (a T.clear here costs a select per
@@ -285,17 +295,13 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                 if ko == k_tiles - 1:
                     if T.get_thread_binding() // 32 == sw:
                         if pend[0] >= 0:              # the tile pushed before this one: count it
-                            if loopback:
-                                T.release_stores(arrived[pend[0]], 1, scope="sys")
-                            else:
-                                T.release_stores(Ap[pend[0]], 1, scope="sys")
+                            T.release_stores(out(arrived, Ap)[pend[0]], 1, scope="sys")
                             pend[0] = -1
                     if d > 1:
                         if T.get_thread_binding() // 32 == sw:
                             if started[0] == 0:
                                 T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                                T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
-                                             barrier=landed)
+                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
                         T.wait_barrier(landed, loads[0] % 2)
                         loads[0] = loads[0] + 1
                         for i, k in T.Parallel(block_m, block_n):
@@ -306,18 +312,12 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                         T.copy(Cl, Rs[0:block_m, 0:block_n])
                         T.fence_proxy_async()
                         if T.get_thread_binding() // 32 == sw:
-                            if loopback:
-                                T.store_async(Rs, R[rows_at(e[0], w_out):rows_at(e[0], w_out) + block_m, :])
-                            else:
-                                T.store_async(Rs, Rp[rows_at(e[0], w_out):rows_at(e[0], w_out) + block_m, :])
+                            T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
                             pend[0] = w_out
                     T.fence_proxy_async()   # (the stores into C: else every step's wgmma is fenced)
             if T.get_thread_binding() // 32 == sw:     # the block's last pushed tile
                 if pend[0] >= 0:
-                    if loopback:
-                        T.release_stores(arrived[pend[0]], 1, scope="sys")
-                    else:
-                        T.release_stores(Ap[pend[0]], 1, scope="sys")
+                    T.release_stores(out(arrived, Ap)[pend[0]], 1, scope="sys")
 
     return gemm_rs_push
 
