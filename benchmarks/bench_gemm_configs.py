@@ -479,12 +479,12 @@ def run_split(args) -> None:
 def run_push(args) -> None:
     """--push: GEMM+RS's one kernel (its push path, tilescale/ops/gemm_reduce_scatter.py) as rank 0 of W runs it,
     on this GPU alone (``gemm_rs_push_loopback_kernel``: its pushes go into its own memory, counted in its own
-    words, where its next steps wait for them and add them): the op's kernel ("push": the step-by-step grid or the
-    persistent kernel, as the op picks), the other of the two with the op's config ("other"), the grid with the pull
-    path's tuned config; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its count released at GPU scope,
-    to split what the count costs), the plain tile loop ("tma"; "tma_cn": after a call number) and the persistent
-    kernel's loop alone ("flat": 128x256x64, 3 stages), timed in turns in the same run; 3 back-to-back calls
-    checked first. What it cannot show: NVLink's latency and bandwidth (the stores go to this GPU's memory)."""
+    words, where its next steps wait for them and add them): the op's kernel and config ("push"), the same kernel
+    with the pull path's tuned config where it fits; vs cuBLAS, the pull path's GEMM ("signal"; "signal_gpu": its
+    count released at GPU scope, to split what the count costs), the plain tile loop ("tma"; "tma_cn": after a call
+    number) and the persistent loop alone ("flat": 128x256x64, 3 stages, tilelang's warp specialisation), timed in
+    turns in the same run; 3 back-to-back calls checked first. What it cannot show: NVLink's latency and bandwidth
+    (the stores go to this GPU's memory)."""
     import torch
 
     from tilescale.ops import gemm_reduce_scatter as grs
@@ -494,15 +494,13 @@ def run_push(args) -> None:
     probs = [(W, (M, N, K)) for op, W, (M, N, K) in problems() if op == "gemm_rs"]
     cfgs = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs") for p in probs}        # the pull path's GEMM's
     ops = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs_push") for p in probs}    # the push kernel's
-    pers = {p: grs.persistent_push(p[1][2], p[0], ops[p]) for p in probs}               # the op's kernel
 
-    def push_job(p, c, persistent: bool):
+    def push_job(p, c):
         return (grs.gemm_rs_push_loopback_kernel, (*p[1], p[0], "bfloat16", c.block_m, c.block_n, c.block_k, c.stages,
-                                                   c.threads, c.swizzle) + ((SMS,) if persistent else ()))
+                                                   c.threads, c.swizzle, SMS))
 
-    variants = {p: [("push", ops[p], push_job(p, ops[p], pers[p])),
-                    ("other", ops[p], push_job(p, ops[p], not pers[p]))]
-                + [("push pull-tuned", c, push_job(p, c, False)) for c in [cfgs[p]]
+    variants = {p: [("push", ops[p], push_job(p, ops[p]))]
+                + [("push pull-tuned", c, push_job(p, c)) for c in [cfgs[p]]
                    if c != ops[p] and check(c, *p[1], world_size=p[0], op="gemm_rs_push") is None]
                 for p in probs}
     cn = {c: (gemm_call_number_kernel, (c.block_m, c.block_n, c.block_k, c.stages, c.threads, c.swizzle))
@@ -559,21 +557,20 @@ def run_push(args) -> None:
         fns["flat"] = (lambda k=k_flat: k(X, B, Cf))
         us = time_in_turns(fns, args.reps, args.target_us)
         ratio = {k: f"{us['cublas'] / v:.2f}" for k, v in us.items()}
-        rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(),
-                     "persistent" if pers[(W, (M, N, K))] else "grid", cfg.short(),
+        rows.append([W, f"{M}x{N}x{K}", ops[(W, (M, N, K))].short(), cfg.short(),
                      f"{2.0 * M * N * K / (us['cublas'] * 1e-6) / 1e12:.0f}"]
-                    + [ratio.get(k, "-") for k in ("push", "other", "push pull-tuned", "signal", "signal_gpu", "tma",
-                                                   "tma_cn", "flat")])
+                    + [ratio.get(k, "-") for k in ("push", "push pull-tuned", "signal", "signal_gpu", "tma", "tma_cn",
+                                                   "flat")])
         out.append(dict(world_size=W, M=M, N=N, K=K, config=ops[(W, (M, N, K))].to_dict(),
-                        persistent=pers[(W, (M, N, K))], pull_config=cfg.to_dict(), us=us, err=errs))
+                        pull_config=cfg.to_dict(), us=us, err=errs))
         print(f"  W={W} {M}x{N}x{K}: {us}", flush=True)
     print_table(f"GEMM+RS's GEMM, bf16, one {torch.cuda.get_device_name()}: the push kernel (loopback) vs cuBLAS "
-                "(ratio = cuBLAS time / ours; push: the op's kernel and config; other: the other kernel (grid or "
-                "persistent), same config; push pull-tuned (grid), signal (the pull path's GEMM), signal_gpu (its "
-                "counts released at GPU scope: a diagnostic), tma (the tile loop alone) and tma_cn (the same after a "
-                "T.call_number): the pull path's tuned config; flat: the persistent kernel's loop alone)",
-                ["W", "MxNxK (per rank)", "op's config", "op's kernel", "pull's config", "cuBLAS TFLOP/s", "push",
-                 "other", "push pull-tuned", "signal", "signal_gpu", "tma", "tma_cn", "flat"], rows)
+                "(ratio = cuBLAS time / ours; push: the op's kernel and config; push pull-tuned: the same kernel, "
+                "signal (the pull path's GEMM), signal_gpu (its counts released at GPU scope: a diagnostic), tma (the "
+                "tile loop alone) and tma_cn (the same after a T.call_number): the pull path's tuned config; flat: a "
+                "persistent loop alone)",
+                ["W", "MxNxK (per rank)", "op's config", "pull's config", "cuBLAS TFLOP/s", "push", "push pull-tuned",
+                 "signal", "signal_gpu", "tma", "tma_cn", "flat"], rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=out), f, indent=1)

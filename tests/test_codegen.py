@@ -192,6 +192,11 @@ def every_op(n: int = N, world_size: int = W):
             T.wait_barrier(landed, 0)
             if T.get_thread_binding() < 32:
                 T.store_async(padded[0:64, 0:64], T.remote(peer_tile, pe=nxt)[0:64, 0:64])
+            if T.get_thread_binding() == 32:
+                T.arrive_barrier(landed)
+            T.wait_barrier(landed, 1)
+            if T.get_thread_binding() < 32:
+                T.store_async(padded[0:64, 0:64], tile[0:64, 0:64], wait="written")
             out[0] = T.cast(d, "int64")
             out[1] = T.cast(e, "int64")
             out[2] = T.cast(g, "int64")
@@ -350,8 +355,12 @@ def test_generated_source_of_distributed_kernel(every_op_build):
     assert re.search(r"tilescale::load_rows_async\(\(&\(tile\[0\]\)\), \(&\(\(\(half_t\*\)padded\)\[0\]\)\), "
                      r"64, 128, 128, 144, \(&\(landed\[0\]\)\)\);", src), src
     # and back out to a peer's tile through its mapping: 64 rows of 128 bytes, 144 apart in `padded`, 256 in the peer's
-    assert re.search(r"tilescale::store_rows_async\(\(&\(\(\(half_t\*\)padded\)\[0\]\)\), .*, 64, 128, 144, 256\);",
+    assert re.search(r"tilescale::store_rows_async\(\(&\(\(\(half_t\*\)padded\)\[0\]\)\), .*, 64, 128, 144, 256, 0\);",
                      src), src
+    # then, once a thread arrived on the barrier without bytes, into this rank's tile, returning once written
+    assert "tilescale::arrive_barrier((&(landed[0])));" in src
+    assert re.search(r"tilescale::store_rows_async\(\(&\(\(\(half_t\*\)padded\)\[0\]\)\), \(&\(tile\[0\]\)\), "
+                     r"64, 128, 144, 128, 1\);", src), src
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params
     # inlined mode: no RDC re-basing of shared memory

@@ -164,9 +164,9 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     assert gemm_rs.default_path(2) == "push"
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     d = DEFAULT
-    assert push[5:] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[5:]
+    assert push[5:11] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[5:]
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=SMALL, path="push"))
-    assert push[5:] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
+    assert push[5:11] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
     for path in gemm_rs.PATHS:
         with pytest.raises(ValueError, match="config: .*block_n=192"):
             gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=N192, path=path)
@@ -408,8 +408,7 @@ def build_jobs() -> dict:
     _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M, sms=0)   # the others' rows, 2-D
     split = (allgather_gemm.ag_gemm_kernel,                  # own rows at W = 2 (352 tiles), split on 132 SMs
              (8192, 2752, 1024, 2, 4, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
-    [push] = gemm_reduce_scatter.kernels(4096, 2048, 4096, 2, "bfloat16", config=SMALL, path="push")   # the grid
-    [persistent] = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="push")  # short K
+    [push] = gemm_reduce_scatter.kernels(4096, 2048, 4096, 2, "bfloat16", config=SMALL, path="push")
     _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
     sweep_tir = b.gemm_kernel.get_tir(*b.kernel_key(SMALL, "signal"))
@@ -417,7 +416,6 @@ def build_jobs() -> dict:
         "ag_gemm": ag,
         "ag_gemm_split": split,
         "gemm_rs": push,
-        "gemm_rs_persistent": persistent,
         "gemm_rs_reduce": red,
         "sweep": lambda: tilescale.build(sweep_tir, compile_flags=[f"-L{stub}"] if stub else []),
     }
@@ -434,15 +432,13 @@ def gemm_builds():
 def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     r = gemm_builds["ag_gemm"]
     assert "tl::rasterization2DRow<4>" in r.source and "wait_until" in r.source
-    r = gemm_builds["gemm_rs"]                                      # the push kernel (one node)
-    assert "rasterization2D" not in r.source                       # swizzle 0: tiles in launch order
-    assert "__launch_bounds__(256" in r.source                     # 128 consumer + 128 producer threads
-    assert "tl::tma_store(Rp_desc" in r.source and "tilescale::release_stores<2" in r.source  # pushed, then counted
-    assert "atom_add" not in r.source                                             # (not one release per thread)
-    r = gemm_builds["gemm_rs_persistent"]                          # its persistent kernel, one block per SM
-    assert "rasterization2D" not in r.source and "__launch_bounds__(256" in r.source and "blockIdx.y" not in r.source
+    r = gemm_builds["gemm_rs"]                                      # the push kernel (one node), one block per SM
+    assert "rasterization2D" not in r.source and "blockIdx.y" not in r.source    # swizzle 0: tiles in launch order
+    assert "__launch_bounds__(256" in r.source                     # 128 multiplying threads + 4 warps of roles
+    assert "empty[0].init(128);" in r.source and "summed[0].init(128);" in r.source
     assert "tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[" in r.source         # pushed, then counted
-    assert r.source.count("tilescale::release_stores<2") == 2 and "tma_store" not in r.source
+    assert r.source.count("tilescale::release_stores<2") == 1 and "tma_store" not in r.source
+    assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]
     assert "wait_until_pe" in r.source
 

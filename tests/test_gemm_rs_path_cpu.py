@@ -50,19 +50,19 @@ def test_ranks_sharing_a_gpu_through_mps_pull(no_runtime, monkeypatch, tmp_path)
 def test_each_path_builds_its_own_kernels(no_runtime):
     [(fn, args)] = grs.kernels(4096, 2048, 4096, 4, "bfloat16")
     assert fn is grs.gemm_rs_push_kernel and args[:5] == (4096, 2048, 4096, 4, "bfloat16")
-    assert GemmConfig(*args[5:]) == DEFAULT      # no tuning entries of its own: the default config
+    assert GemmConfig(*args[5:11]) == DEFAULT    # no tuning entries of its own: the default config
     (g, _), (r, _) = grs.kernels(4096, 2048, 1024, 4, "bfloat16", path="pull")
     assert (g, r) == (grs.gemm_rs_gemm_kernel, grs.gemm_rs_reduce_kernel)
 
 
-def test_short_k_pushes_from_a_persistent_kernel_on_every_sm(no_runtime):
-    """At most PERSISTENT_MAX_K_TILES steps of K per tile: the persistent kernel, one block per SM (`sms`)."""
-    assert grs.PERSISTENT_MAX_K_TILES * DEFAULT.block_k == 2048
-    [(fn, args)] = grs.kernels(4096, 2048, 2048, 4, "bfloat16", sms=114)
-    assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[5:11]) == DEFAULT and args[11:] == (114,)
-    assert grs.kernels(4096, 2048, 2112, 4, "bfloat16")[0][1][11:] == ()          # 33 steps: the grid
-    assert grs.kernels(4096, 2048, 1024, 1, "bfloat16")[0][1][11:] == ()          # world size 1: the GEMM alone
-    assert not grs.persistent_push(1024, 1, DEFAULT) and grs.persistent_push(64, 2, DEFAULT)
+def test_push_kernel_runs_one_block_per_sm(no_runtime):
+    """The push kernel at more than one rank: one block per SM of the GPU (`sms`), at any K."""
+    for K in (1024, 2048, 8192):
+        [(fn, args)] = grs.kernels(4096, 2048, K, 4, "bfloat16", sms=114)
+        assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[5:11]) == DEFAULT and args[11:] == (114,)
+    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(4096, 2048, 8192, 4, sms=114)))
+    assert "__launch_bounds__(384, 1)" in src and "blockIdx.y" not in src   # 1-D: 114 blocks (the launch)
+    assert "(((369 - ((int)blockIdx.x)) / 114) * 128)" in src              # 4 steps of 8 x 8 tiles: 2 or 3 a block
 
 
 def test_persistent_kernel_rasterizes_in_equal_panels():
@@ -76,41 +76,70 @@ def test_persistent_kernel_rasterizes_in_equal_panels():
 
     def src(swizzle):
         return kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(8192, 8192, 512, 4, "bfloat16", 128, 256,
-                                                                             64, 3, 256, swizzle, persistent=132)))
+                                                                             64, 3, 256, swizzle, 132)))
 
     assert src(10) == src(8) != src(16)
 
 
-@pytest.mark.parametrize("W", [2, 4])
-def test_persistent_push_kernel_protocol(W):
-    """The persistent kernel (module docstring): one pipelined loop over (tile, K step) per block; the accumulator
-    cleared by wgmma's scale-d, nothing fenced or selected in a step; the sum in loaded early or after one wait into
-    the padded tile, added, the sum out written back into it and pushed from it by one bulk copy through rank
-    me - 1's view; that tile counted at the block's next tile's epilogue before anything there waits, the last
-    one after the loop; my rows from the registers."""
-    M, N, K = 2048, 512, 256                  # 4 steps of K; (M / 128) x 2 tiles on 8 blocks: several per block
-    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(M, N, K, W, persistent=8)))
-    assert "blockIdx.y" not in src and "blockIdx.z" not in src          # one block per SM, a 1-D grid
-    consumer = src[src.index("tl::warpgroup_reg_alloc<"):]
-    loop = consumer[consumer.index("for (int it_1 = 0;"):]
-    step = loop[loop.index("mbarrier[(it_1 % 3)].wait("):loop.index("mbarrier[((it_1 % 3) + 3)].arrive();")]
-    assert "fence_proxy_async" not in step and "broadcast_var" not in step and "sync_thread" not in step
-    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(\(it_1 % 4\) == 0\) \? 0 : 1\)\)\);", step), step
-    # a tile's first step: the sum in started if counted already (one copy of the padded tile)
-    first = loop[:loop.index("mbarrier[(it_1 % 3)].wait(")]
-    assert first.index("tilescale::ld<1, 2, unsigned long long>((&(arrived[")< first.index("load_rows_async((&(R[")
-    assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in first
-    # its last step: count the tile pushed before (before any wait), wait for the sum in, add it, push or store
-    last = loop[loop.index("if ((it_1 & 3) == 3) {"):]
-    count = last.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[pend[")
-    assert count < last.index("tilescale::wait_until<unsigned long long>((&(arrived[")
-    assert last.index("tilescale::wait_barrier((&(landed[0])), (loads[0] & 1));") < last.index("__bfloat1622float2")
-    push = last.index("tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
-    assert last.rindex("tl::fence_proxy_async();", 0, push) > last.index("__float22bfloat162_rn")  # written, fenced
-    assert "pend[0] = " in last[push:] and "*(uint1*)(C + " in last                       # my rows: registers
-    assert "tma_store" not in src and src.count("tilescale::release_stores<") == 2
-    tail = consumer[consumer.rindex("tilescale::release_stores<"):]
-    assert "it_1" not in tail                                              # the last count: after the loop
+def _roles(src: str) -> dict:
+    """The branches of the push kernel's roles (module docstring): {"load": warp 0, "sums": warp 1, "mma": warps 4
+    ..}, from the generated kernel."""
+    load = src.index("if (((int)threadIdx.x) < 32) {")
+    sums = src.index("if (((int)threadIdx.x) < 64) {")
+    idle = src.index("if (((int)threadIdx.x) < 128) {")
+    mma = src.index("tl::warpgroup_reg_alloc<232>();")
+    return {"load": src[load:sums], "sums": src[sums:idle], "mma": src[mma:]}
+
+
+@pytest.mark.parametrize("W", [2, 4, 8])
+def test_push_kernel_protocol(W):
+    """The push kernel (module docstring, protocol 1-3), as generated: warp 0 loads X and W by TMA for every tile of
+    the block; warp 1 waits for each sum in (acquire, system scope) and loads it by one bulk copy (or arrives: step
+    1), waits for the sum out, pushes it by one bulk copy into rank me - 1's slab through its view and counts it there
+    (one release a tile), or stores my rows into C, written before the block ends; the multiplying warps wait for
+    nothing but their stages and the tile, add, write the sum out, fence and arrive: no named barrier in the loop
+    over K, nothing of the network."""
+    M, N, K = 1024 * max(W // 4, 1), 512, 256
+    func = grs.gemm_rs_push_kernel.get_tir(M, N, K, W, sms=8)
+    bufs = [func.buffer_map[p] for p in func.params]
+    assert tuple(b.name for b in bufs) == grs.PUSH_PARAMS            # what GemmRS launches it with
+    slots, tiles = W - 1, (M // W // 128) * (N // 256)
+    assert [int(d) for d in bufs[3].shape] == [2 * slots * tiles * 128, 256 + 8]   # 2 halves of W - 1 slots of
+    assert [int(d) for d in bufs[4].shape] == [slots * tiles]                      # tiles; a count per slot, tile
+    assert grs.push_shapes(M, N, W, 128, 256) == (tuple(bufs[3].shape), tuple(bufs[4].shape))
+    src = kernel_function(lower_source(func))
+    r = _roles(src)
+    # 1: warp 0, TMA loads of X and W into the stage after waiting for it to be free, for every (tile, K step)
+    assert r["load"].count("tl::tma_load(X_desc") == 1 and "tl::tma_load(Wt_desc" in r["load"]
+    assert r["load"].index("empty[(it % 3)].wait(") < r["load"].index("tl::tma_load(X_desc")
+    assert "tilescale::" not in r["load"]
+    # 2: warp 1, the call number and every use of it
+    sums = r["sums"]
+    assert src.count("tilescale::call_number_warp(") == 1 and "tilescale::call_number(" not in src
+    assert sums.index("tilescale::call_number_warp(") < sums.index("for (int j = 0;")
+    wait = sums.index("tilescale::wait_until<unsigned long long>((&(arrived[")          # acquire, system scope
+    load = sums.index("tilescale::load_rows_async((&(R[")
+    assert wait < load < sums.index("tilescale::arrive_barrier((&(landed[0])));")  # else: step 1, Rs free
+    assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in sums      # one copy: the tile's 128 padded rows
+    summed = sums.index("summed[0].wait((j & 1));")
+    push = sums.index("tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
+    count = sums.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[")
+    assert load < summed < push < count and ", 1, 67584, 67584, 67584, 0);" in sums[push:count]
+    assert re.search(r"store_rows_async\(\(&\(\(\(bfloat16_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);",
+                     sums[summed:push]), "my rows: into C, written before the block ends"
+    assert re.search(r"\(\(int\)\(e\[0\] & \(uint64_t\)1\)\) \* " + str(slots * tiles * 128 * 264) + r"\)",
+                     sums[push:count]), "this call's half of the slab"
+    assert src.count("tilescale::release_stores<") == 1 and src.count("tilescale::wait_until<") == 1
+    # 3: the multiplying warps: stages, then the tile's sum in, add, sum out, fence, arrive
+    mma = r["mma"]
+    loop = mma[mma.index("for (int ko = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));")]
+    assert "sync_thread" not in loop and "fence_proxy_async" not in loop and "tilescale::" not in loop
+    assert loop.index("full[") < loop.index("wgmma_ss<") < loop.index("empty[")
+    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
+    tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));"):]
+    assert tail.index("__bfloat1622float2") < tail.index("__float22bfloat162_rn") < tail.rindex(
+        "tl::fence_proxy_async();") < tail.index("summed[0].arrive();")
+    assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # the peer through its view: no call in the kernel
 
 
 def test_push_configs_leave_room_for_the_sum_in():
@@ -128,53 +157,6 @@ def test_push_configs_leave_room_for_the_sum_in():
         grs.kernels(8192, 8192, 2048, 4, "bfloat16", config=deep, path="push")
 
 
-@pytest.mark.parametrize("W", [2, 4, 8])
-def test_push_kernel_protocol(W):
-    M, N, K = 1024 * max(W // 4, 1), 512, 256
-    func = grs.gemm_rs_push_kernel.get_tir(M, N, K, W)
-    bufs = [func.buffer_map[p] for p in func.params]
-    assert tuple(b.name for b in bufs) == grs.PUSH_PARAMS            # what GemmRS launches it with
-    slots, tiles = W - 1, (M // W // 128) * (N // 256)
-    assert [int(d) for d in bufs[3].shape] == [2 * slots * tiles * 128, 256 + 8]   # 2 halves of W - 1 slots of
-    assert [int(d) for d in bufs[4].shape] == [slots * tiles]                      # tiles; a count per slot, tile
-    assert grs.push_shapes(M, N, W, 128, 256) == (tuple(bufs[3].shape), tuple(bufs[4].shape))
-    src = kernel_function(lower_source(func))
-    # the call number: counted by the consumer warp that uses it, before the loop, nothing else waiting for it
-    assert "tilescale::call_number(" not in src and src.count("tilescale::call_number_warp(") == 1
-    assert src.index("tl::warpgroup_reg_alloc<") < src.index("tilescale::call_number_warp(")
-    # launched step by step: the grid's z is the step, the last one (z = W - 1) my rows
-    assert "if (((int)blockIdx.z) == " + str(W - 1) + ") {" in src
-    # step d > 1, step 1: before the GEMM's loop, in the consumer branch, the count read once and, if there, the
-    # sum in started; no fence or sync added inside the loop
-    consumer = src[src.index("tl::warpgroup_reg_alloc<"):]
-    loop = consumer.index("for (int ko_1 = 0;")
-    first = consumer[:loop]
-    probe = first.index("tilescale::ld<1, 2, unsigned long long>((&(arrived[")        # acquire, system scope
-    load = first.index("tilescale::load_rows_async((&(R[")
-    assert "if (0 < ((int)blockIdx.z)) {" in first                   # steps 2 .. W
-    assert first.index("if ((((int)threadIdx.x) >> 5) == 8) {") < first.index("e[0] = tilescale::call_number_warp(")
-    assert probe < load and "started[0] = 1;" in first[load:] and "(e[0] <= tilescale::ld<" in first  # 1 a call
-    assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in first     # one copy: the tile's 128 padded rows
-    body = consumer[loop:consumer.index("mbarrier[((ko_1 % 3) + 3)].arrive();")]
-    assert "fence_proxy_async" not in body and "sync_thread" not in body and "load_rows" not in body
-    # after the loop: else wait for it, then load; every consumer thread waits for the copy, then adds
-    after = consumer[consumer.index("if (started[0] == 0) {"):]
-    wait = after.index("tilescale::wait_until<unsigned long long>((&(arrived[")
-    assert wait < after.index("tilescale::load_rows_async((&(R[")
-    assert after.index("tilescale::load_rows_async((&(R[")< after.index("tilescale::wait_barrier(")
-    assert re.search(r"wait_until<unsigned long long>\(\(&\(arrived\[.*\]\)\), 3, e\[0\], ", after)
-    assert after.index("tilescale::wait_barrier(") < after.index("__bfloat1622float2") < after.index("tma_store(")
-    # step 2: the sum out into rank me - 1's slab (view Rp), this call's half, then counted there (view Ap)
-    store = src.index("tl::tma_store(Rp_desc")
-    count = src.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[")
-    assert store < count and "tl::tma_store(C_desc" in src
-    # one count per tile, by the warp whose elected lane issued the store (below)
-    assert src.count("tilescale::release_stores<") == 1
-    assert re.search(r"tma_store\(Rp_desc, .*\(\(int\)\(e\[0\] & \(uint64_t\)1\)\) \* " + str(slots * tiles * 128),
-                     src), src
-    assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # the peer through its view: no call in the kernel
-
-
 def _warp_of_store_and_counts(src: str, desc: str) -> tuple:
     """(the threads of the elect that issues the TMA store into `desc`, the warps that call_number / load / count
     in), from the generated kernel: the store is issued under ``tl::tl_shuffle_elect<threads>()``."""
@@ -187,15 +169,14 @@ def _warp_of_store_and_counts(src: str, desc: str) -> tuple:
 @pytest.mark.parametrize("cfg", [DEFAULT, GemmConfig(64, 256, 64, 4, 128, 0)], ids=["t256", "t128"])
 def test_the_warp_that_stores_a_tile_counts_it(cfg):
     """Only the thread that issued a TMA store can wait for it to be written, so the warp of tilelang's elected lane
-    (compat.storing_warp) is the one that counts the tile; the push kernel's call number and sum in are that warp's
-    too. tilelang's election (tl_shuffle_elect<n>: an elected lane of the warps whose index in the block is a
-    multiple of n / 32), with its producer warpgroup first (warps 0-3): exactly one consumer warp qualifies."""
+    (compat.storing_warp) is the one that counts the tile (the pull path's GEMM). tilelang's election
+    (tl_shuffle_elect<n>: an elected lane of the warps whose index in the block is a multiple of n / 32), with its
+    producer warpgroup first (warps 0-3): exactly one consumer warp qualifies."""
     from tilescale.compat import storing_warp
 
     M, N, K, W = 4096, 2048, 1024, 4
     args = (M, N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)
-    for src, desc in ((kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(*args))), "Rp_desc"),
-                      (kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args))), "P_desc")):
+    for src, desc in ((kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args))), "P_desc"),):
         assert "if (((int)threadIdx.x) < 128) {" in src                  # the producer warpgroup first
         elect, warps = _warp_of_store_and_counts(src, desc)
         assert elect == cfg.threads
@@ -215,8 +196,8 @@ def test_loopback_kernel_is_the_push_kernel_on_one_gpu():
     its own slab and counted in its own words; its parameter `ranks` is not a world size the job must match."""
     from tilescale.compiler import WORLD_SIZE_PARAMS
 
-    src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(1024, 512, 256, 4)))
-    assert "tl::tma_store(R_desc" in src and "Rp_desc" not in src
-    assert "tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(arrived[" in src
+    src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(1024, 512, 256, 4, sms=8)))
+    assert "tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(R[" in src and "Rp" not in src
+    assert "tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(arrived[" in src and "Ap" not in src
     assert "tilescale::load_rows_async((&(R[" in src
     assert "ranks" not in WORLD_SIZE_PARAMS

@@ -233,6 +233,28 @@ def store_async_odd_rows():
 
 
 @tilescale.jit
+def store_async_bad_wait():
+    @T.prim_func
+    def k(A: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=32):
+            s = T.alloc_shared((64, 64), "float16")
+            T.store_async(s, A, wait="visible")  # <store_wait>
+
+    return k
+
+
+@tilescale.jit
+def arrive_barrier_not_a_barrier():
+    @T.prim_func
+    def k(A: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=32):
+            bar = T.alloc_shared((2,), "uint64", scope="shared")
+            T.arrive_barrier(bar[0:2])  # <arrive_barrier>
+
+    return k
+
+
+@tilescale.jit
 def store_async_from_global():
     @T.prim_func
     def main(A: T.Tensor((64, 64), "float16"), B: T.Tensor((64, 64), "float16")):
@@ -298,6 +320,8 @@ CASES = [
                                                   "scope=\"shared\""]),
     (load_async_into_global, "load_global", ["T.load_async", "global", "expected a global src and a shared dst"]),
     (store_async_odd_rows, "store_rows", ["T.store_async", "row size", "200 bytes", "a multiple of 16"]),
+    (store_async_bad_wait, "store_wait", ["T.store_async", "wait", "'visible'", "expected 'read' or 'written'"]),
+    (arrive_barrier_not_a_barrier, "arrive_barrier", ["T.arrive_barrier", "barrier", "'bar'", "expected one uint64"]),
     (store_async_from_global, "store_global", ["T.store_async", "global", "expected a shared src and a global dst"]),
     (init_barrier_no_arrivals, "init_arrivals", ["T.init_barrier", "arrivals", "got 0", "expected an int >= 1"]),
     (wait_barrier_bad_phase, "wait_phase", ["T.wait_barrier", "phase", "got 2", "expected 0 or 1"]),

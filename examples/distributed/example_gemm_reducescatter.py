@@ -11,6 +11,7 @@ against torch (partials of every rank rebuilt from their seeds, summed in fp32) 
 poisoned, bf16 and fp16, on every path the job can take. Protocol: tilescale/ops/gemm_reduce_scatter.py.
 """
 import argparse
+import re
 
 import tilescale
 from tilescale import testing
@@ -89,31 +90,31 @@ def test_gemm_rs_compiles_for_sm90():
 
 
 def test_gemm_rs_push_kernel_compiles_for_sm90():
-    """The push kernel at 4 ranks: one TMA store into rank - 1's slab, counted on its word through its view (no
-    NVSHMEM call, no peer_ptr: a call in the kernel would serialise its wgmma pipeline), the sum in loaded early
-    or after one wait; and the C entry point GemmRS launches it through (raw pointers, then the stream)."""
+    """The push kernel at 4 ranks (one block per SM; its sums warp): each sum in awaited on its word and loaded by one
+    bulk copy, each sum out pushed by one bulk copy into rank - 1's slab through its view and counted there (no
+    NVSHMEM call, no peer_ptr), my rows stored into C and written before the block ends; and the C entry point
+    GemmRS launches it through (raw pointers, then the stream)."""
     import ctypes
     from pathlib import Path
 
     from tilescale.ops.direct_launch import argtypes_for, call_signature
     from tilescale.ops.gemm_reduce_scatter import PUSH_PARAMS
 
-    r = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16")
+    r = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16", sms=8)
     assert r.spec.distributed and "tilescale::peer_ptr" not in r.source
     host = Path(r.library).with_suffix(".cu").read_text()       # GemmRS launches it through its C entry point
     assert argtypes_for(call_signature(host), PUSH_PARAMS) == [ctypes.c_void_p] * (len(PUSH_PARAMS) + 1), host
-    assert r.source.count("tilescale::release_stores<") == 1 and r.source.count("tilescale::wait_until<") == 1
-    assert r.source.count("tilescale::load_rows_async(") == 2 and "tl::tma_store(Rp_desc" in r.source
-    # the persistent kernel (short K): the sum out by one bulk copy from the padded tile, counted one tile later
-    p = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16", persistent=8)
-    assert "tl::tma_store(" not in p.source and p.source.count("tilescale::store_rows_async(") == 1
-    assert p.source.count("tilescale::release_stores<") == 2        # at the next tile's epilogue; after the loop
+    assert r.source.count("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[") == 1
+    assert r.source.count("tilescale::wait_until<") == 1 and r.source.count("tilescale::load_rows_async(") == 1
+    assert r.source.count("tilescale::store_rows_async(") == 2 and "tl::tma_store(" not in r.source
+    assert re.search(r"store_rows_async\(\(&\(\(\(half_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);",
+                     r.source), "my rows: 128 rows of 512 bytes into C, written before the block ends"
 
 
 if pytest is not None:
-    # (M, N, K) per world size n: K / n = 4096, the push path's step-by-step grid; K / n = 1024, its persistent
-    # kernel with 128 x n tiles, several per block (gemm_reduce_scatter.persistent_push)
-    SHAPES = {"grid": lambda n: (512 * n, 1024, 4096 * n), "persistent": lambda n: (2048 * n, 2048, 1024 * n)}
+    # (M, N, K) per world size n: K / n = 4096, one or two tiles per block; K / n = 1024: 128 x n tiles on the
+    # GPU's blocks, several per block (the push path's persistent kernel, gemm_reduce_scatter.gemm_rs_push_kernel)
+    SHAPES = {"long_k": lambda n: (512 * n, 1024, 4096 * n), "many_tiles": lambda n: (2048 * n, 2048, 1024 * n)}
 
     @pytest.mark.multigpu
     @pytest.mark.parametrize("kernel", list(SHAPES))

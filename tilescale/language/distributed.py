@@ -64,7 +64,7 @@ __all__ = [
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
     "ld", "st", "atom_add", "atom_cas", "release_stores", "load_async", "store_async",
-    "init_barrier", "wait_barrier",
+    "init_barrier", "wait_barrier", "arrive_barrier",
     "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
 
@@ -417,13 +417,14 @@ def load_async(src, dst, *, barrier):
                              row_bytes, src_ld, dst_ld, _barrier("load_async", barrier)))
 
 
-def store_async(src, dst):
+def store_async(src, dst, *, wait="read"):
     """Start copying the shared tile `src` into the global tile `dst` (local, or a peer's through its mapping) by
     bulk copies (``cp.async.bulk``, one per row; one copy where both sides are contiguous), and return once they
     have read `src` (it may be written again): their writes complete later. Count them once written with
-    :func:`release_stores` by the same warp (a bulk group of its lanes, as a TMA store's). Every lane of one warp
-    calls it; the threads that wrote `src` fence (``T.fence_proxy_async()``) before it (tilelang synchronises them
-    here: the call reads `src`).
+    :func:`release_stores` by the same warp (a bulk group of its lanes, as a TMA store's). ``wait="written"``:
+    return once they are written (nothing left in flight; e.g. the last stores of a block that counts nothing).
+    Every lane of one warp calls it; the threads that wrote `src` fence (``T.fence_proxy_async()``) before it
+    (tilelang synchronises them here: the call reads `src`).
 
     Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
     completion awaited by :func:`release_stores`."""
@@ -431,12 +432,14 @@ def store_async(src, dst):
     if not s.buffer.scope().startswith("shared") or d.buffer.scope() != "global":
         raise _err("store_async", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
                    "shared src and a global dst")
+    if wait not in ("read", "written"):
+        raise _err("store_async", f"wait: got {wait!r}, expected 'read' or 'written'")
     for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
         n = _as_int(v)
         if n is not None and n % 16:
             raise _err("store_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
     T.evaluate(T.call_extern("handle", "tilescale::store_rows_async", s.ptr("r"), d.ptr("w"), rows, row_bytes,
-                             src_ld, dst_ld))
+                             src_ld, dst_ld, int(wait == "written")))
 
 
 def _barrier(op: str, bar):
@@ -472,6 +475,14 @@ def wait_barrier(barrier, phase=0):
     if not ok:
         raise _err("wait_barrier", f"phase: got {phase!r}, expected 0 or 1 (or an integer expression: the parity)")
     T.evaluate(T.call_extern("handle", "tilescale::wait_barrier", _barrier("wait_barrier", barrier), phase))
+
+
+def arrive_barrier(barrier):
+    """One arrival on the mbarrier `barrier` (:func:`init_barrier`), announcing no bytes: the calling thread's
+    earlier writes and reads of shared memory happen before a wait on that phase returns (e.g. "this buffer is
+    free", where another phase of the same barrier says "loaded" by :func:`load_async`). Thread-level: call it from
+    as many threads as the phase expects arrivals (usually one: ``if T.get_thread_binding() == t:``)."""
+    T.evaluate(T.call_extern("handle", "tilescale::arrive_barrier", _barrier("arrive_barrier", barrier)))
 
 
 def atom_cas(dst, compare, value, *, scope="gpu", sem="relaxed", dst_pe=None):

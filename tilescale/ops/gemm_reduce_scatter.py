@@ -13,40 +13,38 @@ last. Two ways to sum them (chosen per job, the same on every rank: :func:`defau
 else, summing along a ring like NCCL's reduce-scatter. At step d = 1 .. W a rank computes the rows of rank
 me + d, so the tile (t, n) of owner o is computed at step 1 by rank o - 1, at step 2 by o - 2, ..., at step W
 by o itself: each rank adds its product to the sum of the steps before, which rank me + 1 pushed one step
-earlier, and pushes the new sum to rank me - 1; the owner's sum is complete. Every tile but those of step 1
-adds one tile (the reads spread over the whole GEMM) and that tile is loaded while the tile's GEMM runs. No SM
-is reserved, no reduction kernel runs, and at world size 1 the call is this GEMM alone. Signal protocol of call
-e = 1, 2, ... (counted on the device by every block, ``T.call_number``: a call captured in a CUDA graph sees a
-new e on every replay); ``R`` holds a tile per row block (rows padded, so that a sum in lands in shared memory
-in one copy) and is double-buffered by e % 2: tile i of slot s = d - 2 of step d is row block
-``((e % 2) * (W - 1) + s) * tiles + i``; ``arrived`` has one word per slot and tile:
+earlier, and pushes the new sum to rank me - 1; the owner's sum is complete. No SM is reserved, no reduction
+kernel runs, and at world size 1 the call is this GEMM alone (a plain grid). The kernel is persistent: one block
+per SM runs tiles b, b + SMs, ... of the step-by-step order (all of step 1's tiles, then step 2's, ...;
+rasterized in equal panels within a step), and its warps have roles, so that nothing but the GEMM waits on the
+multiplying warps (the sums' waits, loads, pushes and counts cost a tile of the GEMM 13-20% when its own warps
+made them: RESULTS.md run 29). ``R`` holds a tile per row block (rows padded against bank conflicts, so that a
+sum moves in one bulk copy each way) and is double-buffered by the call number e = 1, 2, ... (counted on the
+device, ``T.call_number``: a call captured in a CUDA graph sees a new e on every replay): tile i of slot
+s = d - 2 of step d is row block ``((e % 2) * (W - 1) + s) * tiles + i``; ``arrived`` has one word per slot and
+tile. Per tile of the block, in its order:
 
-1. step d > 1, before the GEMM's loop (one consumer warp; the producer starts loading the GEMM's tiles
-   meanwhile): if ``arrived[slot, tile] >= e`` already (acquire, system scope), start loading the sum in
-   from this call's half of ``R`` into shared memory (``T.load_async``, an mbarrier); after the loop, else, wait
-   until it is (acquire, system scope), then load it. Add it to the accumulator (fp32);
-2. step d < W: TMA store of the sum into rank me - 1's ``R`` (through its peer mapping), slot d - 1; the
-   consumer warp of the thread that issued it then waits until that store is written and adds 1 to rank
-   me - 1's ``arrived[d - 1, tile]`` (one release per tile, system scope: ``T.release_stores`` through the
-   mapping). Step W: store the sum into C_local (TMA).
+1. warp 0 (loads): for each step of K, waits until the stage is free, then loads the tiles of X and W into it
+   by TMA (an mbarrier per stage each way, 3 stages: the next tile's first steps load during this tile's end);
+2. warps 4 .. (multiply): for each step of K, wait for the stage, wgmma, free the stage; then wait until the tile
+   ``Rs`` in shared memory holds the sum in (step d > 1) or is free (step 1), add it in fp32, write the sum
+   (rounded to the dtype) into ``Rs``, fence it for the bulk copy and arrive on ``summed``: the next tile's
+   steps follow at once;
+3. warp 1 (sums; every use of e): step d > 1: wait until ``arrived[d - 2, tile] >= e`` (acquire, system scope),
+   then load the sum in from this call's half of ``R`` into ``Rs`` (``T.load_async``, one bulk copy); step 1:
+   arrive on that barrier instead (``T.arrive_barrier``: ``Rs`` is free, its last push read). Wait for
+   ``summed``; step d < W: push the sum from ``Rs`` into rank me - 1's ``R`` (through its peer mapping), slot
+   d - 1, by one bulk copy (``T.store_async``), then, once written, add 1 to rank me - 1's ``arrived[d - 1,
+   tile]`` (one release per tile, system scope: ``T.release_stores`` through the mapping); step W: store my rows
+   into C_local (bulk copies, written before the block ends). Either copy has read ``Rs`` before it returns.
 
 Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its call e + 1 ended, which waited
 (steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
-ran after this call's kernel: so after I read the slot. The grid is launched step by step (its z), so a tile
-of step d starts after every tile of step d - 1 did, a step's tiles apart (rasterized within a step): the sum
-it adds is normally there when it starts, and a block waits only for blocks launched before its own (step 1
-waits for nothing), which on distinct GPUs and for ranks that share a GPU time-sliced get SMs; ranks sharing a
-GPU under MPS take the pull path (a rank's waiting tiles could hold every SM of the GPU they share). The sums
-are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
-
-*Persistent kernel* (:func:`persistent_push`: tiles with a short loop over K, where a block's start and end
-cost most): one block per SM runs tiles b, b + SMs, ... of the same grid order through ONE pipelined loop
-over (tile, K step), so the producer loads the next tile's operands while a tile's epilogue runs. It has no C
-tile in shared memory (three stages fit): the sum in lands in one padded tile and the sum out leaves from it
-(``T.store_async``: one bulk copy into R, whose tiles are padded alike); my rows go to C from the registers.
-The protocol is the same but for step 2: the storing warp counts a pushed tile at the block's next tile's
-epilogue, before anything there waits (its write long done), and its last one after the loop. A block may
-then wait for a tile of a block launched after its own: every block of the grid is resident (one per SM).
+ran after this call's kernel: so after I read the slot. A block may wait for a tile of a block after its own in
+the order: every block of the grid must be resident (one per SM; another kernel holding SMs delays it, and the
+wait's timeout bounds it); on distinct GPUs and for ranks that share a GPU time-sliced, every rank's blocks get
+SMs; ranks sharing a GPU under MPS take the pull path (a rank's waiting blocks could hold every SM of the GPU they
+share). The sums are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
 
 **pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
 GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
@@ -90,7 +88,6 @@ __all__ = ["GemmRS", "gemm_rs"]
 
 PATHS = ("push", "pull")
 MAX_PUSH_RANKS = 8     # the push path's ranks: one NVLink domain (8 GPUs of a node)
-PERSISTENT_MAX_K_TILES = 32   # the push path's persistent kernel: tiles of at most this many K steps
 # the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
 PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
 
@@ -98,25 +95,24 @@ PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
 @tilescale.jit
 def gemm_rs_push_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
                         block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
-                        persistent: int = 0):
+                        sms: int = 132):
     """The one kernel of :class:`GemmRS`'s push path (module docstring): each tile of a peer's rows, with the
     partial sum that rank me + 1 pushed for it added, pushed on into rank me - 1's ``R`` and counted in its
     ``arrived`` (`Rp`, `Ap`: those of rank me - 1, through its peer mapping); my rows, with theirs added, into
-    C. No NVSHMEM call but the rank: the peer is reached through its mapping. `persistent` > 0 (world size > 1):
-    the persistent kernel on that many blocks, one per SM (at most the GPU's SMs: every block must be resident)."""
-    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False,
-                      persistent)
+    C. No NVSHMEM call but the rank: the peer is reached through its mapping. `sms`: the GPU's SMs (the blocks of
+    the persistent kernel, at most one per SM: every block must be resident); world size 1: C = X @ Wt."""
+    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False, sms)
 
 
 @tilescale.jit
 def gemm_rs_push_loopback_kernel(M: int, N: int, K: int, ranks: int, dtype: str = "bfloat16", block_m: int = 128,
                                  block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                                 swizzle: int = 10, persistent: int = 0):
+                                 swizzle: int = 10, sms: int = 132):
     """:func:`gemm_rs_push_kernel` as rank 0 of `ranks` runs it, on one GPU with no peers, in a job of any size
     (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its next steps
     wait for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters (`Rp`, `Ap`
     unused: any tensors of their shapes)."""
-    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True, persistent)
+    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True, sms)
 
 
 def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> tuple:
@@ -140,91 +136,32 @@ def _pushed_to(loopback: bool):
 
 
 def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
-               persistent: int = 0):
-    if persistent and world_size > 1:
+               sms: int):
+    if world_size > 1:
         return _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
-                                     loopback, persistent)
-    W = world_size
-    rows = M // W
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
-    tiles_n = N // block_n
-    tiles = tiles_per_rank * tiles_n     # an owner's tiles
-    slots = max(W - 1, 1)
-
-    slab, words = push_shapes(M, N, W, block_m, block_n)     # R's shape, arrived's
-
-    sw = storing_warp(threads)
-
-    out = _pushed_to(loopback)
-
-    def rows_at(e, w):
-        return _sum_row(e, w, slots, tiles, block_m)
+                                     loopback, sms)
+    tiles_m, tiles_n = M // block_m, N // block_n
+    slab, words = push_shapes(M, N, 1, block_m, block_n)     # (unused at world size 1)
 
     @T.prim_func
-    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
+    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
                      R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
                      counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
                      Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
-        if W == 1:                                       # nothing to add: C = X @ Wt
-            with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
-                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-                T.call_number(counters)
-                main_loop(X, Wt, As, Bs, Cl, by, bx, stages)
-                T.copy(Cl, Cs)
-                T.copy(Cs, C[by * block_m, bx * block_n])
-        else:   # blocks launched step by step (z), so that a step's tile starts after the tile it adds did
-            with T.Kernel(tiles_n, tiles_per_rank, W, threads=threads) as (bx, t, s):
-                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-                Rs = T.alloc_shared((block_m, block_n + SUM_IN_PAD), dtype)   # the sum in (rows padded: banks)
-                landed = T.alloc_shared((1,), "uint64", scope="shared")  # its mbarrier
-                T.init_barrier(landed)
-                # one consumer warp makes every use of the call number: it loads the sum in, issues the tile's
-                # store (tilelang elects one of its lanes: compat.storing_warp) and counts it once written;
-                # nothing else waits for the count
-                e = T.alloc_local((1,), "uint64")
-                started = T.alloc_local((1,), "int32")                  # its load of the sum in has started
-                started[0] = 0
-                me = T.get_rank()
-                d = s + 1                                # step d: the rows of rank me + d (d = W: mine)
-                tile = t * tiles_n + bx                  # t: the row tile within the owner's rows
-                w_in = (d - 2) * tiles + tile            # the sum in: slot d - 2 (steps 2 .. W), its count
-                if T.get_thread_binding() // 32 == sw:   # protocol 1, before the GEMM: start loading the sum in
-                    e[0] = T.call_number(counters, scope="warp")
-                    if d > 1:
-                        if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
-                            T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
-                                         barrier=landed)
-                            started[0] = 1
-                main_loop(X, Wt, As, Bs, Cl, ((me + d) % W) * tiles_per_rank + t, bx, stages)
-                if d > 1:                                # protocol 1, after the GEMM: else load it now; add it
-                    if T.get_thread_binding() // 32 == sw:
-                        if started[0] == 0:
-                            T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                            T.load_async(R[rows_at(e[0], w_in):rows_at(e[0], w_in) + block_m, :], Rs,
-                                         barrier=landed)
-                    T.wait_barrier(landed, 0)
-                    for i, k in T.Parallel(block_m, block_n):
-                        Cl[i, k] += Rs[i, k]
-                T.copy(Cl, Cs)
-                if d == W:                               # protocol 2: my rows, complete
-                    T.copy(Cs, C[t * block_m, bx * block_n])
-                else:                                    # protocol 2: rank me + d's rows, on to rank me - 1
-                    w_out = (d - 1) * tiles + tile           # slot d - 1 of rank me - 1
-                    # counted once written, by the warp whose elected lane issued the store: one release at
-                    # system scope per tile
-                    T.copy(Cs, out(R, Rp)[rows_at(e[0], w_out), 0])
-                    if T.get_thread_binding() // 32 == sw:
-                        T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
+        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):   # nothing to add: C = X @ Wt
+            As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
+            T.call_number(counters)
+            main_loop(X, Wt, As, Bs, Cl, by, bx, stages)
+            T.copy(Cl, Cs)
+            T.copy(Cs, C[by * block_m, bx * block_n])
 
     return gemm_rs_push
 
 
 def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
-                          loopback: bool, blocks: int):
-    """:func:`_push_func` on `blocks` persistent blocks, one per SM (module docstring, *persistent kernel*): block
-    b runs tiles b, b + blocks, ... of the step-by-step grid's order through ONE pipelined loop over (tile, K step);
-    a pushed tile is counted at the block's next tile's epilogue, before anything there waits."""
+                          loopback: bool, sms: int):
+    """:func:`_push_func` at world size > 1 (module docstring, push 1-3): `sms` persistent blocks (at most one per SM)
+    of three roles, block b running tiles b, b + sms, ... of the step-by-step order."""
     W = world_size
     rows = M // W
     tiles_m = M // block_m
@@ -234,12 +171,15 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
     slots = W - 1
     k_tiles = -(-K // block_k)
     total = W * tiles
-    blocks = min(blocks, total)
+    blocks = min(sms, total)
     panel = even_panel(tiles_per_rank, swizzle)     # within a step
     slab, words = push_shapes(M, N, W, block_m, block_n)
-    sw = storing_warp(threads)
-
+    mma = threads                                    # the multiplying threads: warps 4 ..
     out = _pushed_to(loopback)
+
+    def where(g):    # tile g of the step-by-step order: (step d, its row tile t within the owner's rows, column bx)
+        t, bx = tile_order(g % tiles, tiles_per_rank, tiles_n, panel)
+        return g // tiles + 1, t, bx
 
     def tile_of(buf, e, w):    # call e's tile of word w in `buf` (R or rank me - 1's), its padded rows
         return buf[_sum_row(e, w, slots, tiles, block_m):_sum_row(e, w, slots, tiles, block_m) + block_m, :]
@@ -249,75 +189,73 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                      R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
                      counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
                      Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
-        with T.Kernel(blocks, threads=threads) as bid:
-            As = T.alloc_shared((block_m, block_k), dtype)
-            Bs = T.alloc_shared((block_k, block_n), dtype)
+        with T.Kernel(blocks, threads=128 + mma) as bid:
+            As = T.alloc_shared((stages, block_m, block_k), dtype)
+            Bs = T.alloc_shared((stages, block_k, block_n), dtype)
+            Rs = T.alloc_shared((block_m, block_n + SUM_IN_PAD), dtype)   # the sum in, then out (rows padded: banks)
             Cl = T.alloc_fragment((block_m, block_n), "float32")
-            # the sum in lands here, and the sum out leaves from here (one bulk copy each way: R's tiles are padded
-            # as this buffer); no C tile beside it, so that 3 stages fit
-            Rs = T.alloc_shared((block_m, block_n + SUM_IN_PAD), dtype)
-            landed = T.alloc_shared((1,), "uint64", scope="shared")
+            full = T.alloc_barrier([1] * stages)          # a stage's X and W tiles loaded
+            empty = T.alloc_barrier([mma] * stages)       # ... and multiplied
+            summed = T.alloc_barrier([mma])               # Rs holds the tile's sum out
+            landed = T.alloc_shared((1,), "uint64", scope="shared")   # Rs holds its sum in (or is free: step 1)
             T.init_barrier(landed)
             e = T.alloc_local((1,), "uint64")
-            started = T.alloc_local((1,), "int32")
-            loads = T.alloc_local((1,), "int32")      # sums in loaded so far (the barrier's phase)
-            pend = T.alloc_local((1,), "int32")       # the word of the pushed tile not yet counted, or -1
-            loads[0] = 0
-            pend[0] = -1
-            started[0] = 0
+            tx = T.get_thread_binding()
             me = T.get_rank()
-            if T.get_thread_binding() // 32 == sw:
+            mine = T.ceildiv(total - bid, blocks)        # this block's tiles
+            if tx < 32:                                   # 1: X and W, by TMA
+                T.set_max_nreg(40, 0)
+                for it in T.serial(mine * k_tiles):
+                    s, ko = it % stages, it % k_tiles
+                    d, t, bx = where((it // k_tiles) * blocks + bid)
+                    rb = ((me + d) % W) * tiles_per_rank + t
+                    T.mbarrier_wait_parity(empty[s], ((it // stages) & 1) ^ 1)
+                    T.tma_copy(X[rb * block_m:(rb + 1) * block_m, ko * block_k:(ko + 1) * block_k], As[s, :, :],
+                               barrier=full[s], leader_scope_threads=32)
+                    T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n], Bs[s, :, :],
+                               barrier=full[s], leader_scope_threads=32)
+                    if tx == 0:
+                        T.mbarrier_arrive(full[s])
+            elif tx < 64:                                 # 3: the sums (every use of the call number)
+                T.set_max_nreg(40, 0)
                 e[0] = T.call_number(counters, scope="warp")
-            # tilelang's proxy fences: those before the loop (the barrier's set-up) would fence every step's wgmma
-            T.fence_proxy_async()
-            for it in T.Pipelined(T.ceildiv(total - bid, blocks) * k_tiles, num_stages=stages):
-                g = (it // k_tiles) * blocks + bid
-                ko = it % k_tiles
-                d = g // tiles + 1
-                t, bx = tile_order(g % tiles, tiles_per_rank, tiles_n, panel)
-                rb = ((me + d) % W) * tiles_per_rank + t
-                tile = t * tiles_n + bx
-                w_in = (d - 2) * tiles + tile
-                w_out = (d - 1) * tiles + tile
-                T.copy(X[rb * block_m, ko * block_k], As)
-                T.copy(Wt[ko * block_k, bx * block_n], Bs)
-                if ko == 0:
+                for j in T.serial(mine):
+                    d, t, bx = where(j * blocks + bid)
+                    tile = t * tiles_n + bx
                     if d > 1:
-                        if T.get_thread_binding() // 32 == sw:
-                            started[0] = 0
-                            if T.ld(arrived[w_in], sem="acquire", scope="sys") >= e[0]:
-                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
-                                started[0] = 1
-                    T.fence_proxy_async()   # (as above: else every step's wgmma is fenced)
-                # the accumulator cleared by wgmma's scale-d at a tile's first step (a T.clear here costs a select per
-                # accumulator register in every step)
-                T.gemm(As, Bs, Cl, clear_accum=ko == 0)
-                if ko == k_tiles - 1:
-                    if T.get_thread_binding() // 32 == sw:
-                        if pend[0] >= 0:              # the tile pushed before this one: count it
-                            T.release_stores(out(arrived, Ap)[pend[0]], 1, scope="sys")
-                            pend[0] = -1
+                        w_in = (d - 2) * tiles + tile
+                        T.wait_until(arrived[w_in], cmp="ge", value=e[0])
+                        T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
+                    elif tx == 32:
+                        T.arrive_barrier(landed)
+                    T.mbarrier_wait_parity(summed[0], j & 1)
+                    if d == W:                            # my rows, complete (written before the block ends)
+                        T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
+                                                                     bx * block_n:(bx + 1) * block_n],
+                                      wait="written")
+                    else:
+                        w_out = (d - 1) * tiles + tile
+                        T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
+                        T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
+            elif tx < 128:
+                T.set_max_nreg(40, 0)
+            else:                                         # 2: the GEMM and the add
+                T.set_max_nreg(232, 1)
+                for j in T.serial(mine):
+                    d, t, bx = where(j * blocks + bid)
+                    for ko in T.serial(k_tiles):
+                        s = (j * k_tiles + ko) % stages
+                        T.mbarrier_wait_parity(full[s], ((j * k_tiles + ko) // stages) & 1)
+                        T.gemm(As[s, :, :], Bs[s, :, :], Cl, clear_accum=ko == 0)
+                        T.mbarrier_arrive(empty[s])
+                    T.wait_barrier(landed, j & 1)
                     if d > 1:
-                        if T.get_thread_binding() // 32 == sw:
-                            if started[0] == 0:
-                                T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
-                        T.wait_barrier(landed, loads[0] % 2)
-                        loads[0] = loads[0] + 1
                         for i, k in T.Parallel(block_m, block_n):
                             Cl[i, k] += Rs[i, k]
-                    if d == W:                        # my rows, complete: straight from the registers
-                        T.copy(Cl, C[t * block_m, bx * block_n])
-                    else:                             # on to rank me - 1, from shared memory by one bulk copy
-                        T.copy(Cl, Rs[0:block_m, 0:block_n])
-                        T.fence_proxy_async()
-                        if T.get_thread_binding() // 32 == sw:
-                            T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
-                            pend[0] = w_out
-                    T.fence_proxy_async()   # (the stores into C: else every step's wgmma is fenced)
-            if T.get_thread_binding() // 32 == sw:     # the block's last pushed tile
-                if pend[0] >= 0:
-                    T.release_stores(out(arrived, Ap)[pend[0]], 1, scope="sys")
+                    for i, k in T.Parallel(block_m, block_n):
+                        Rs[i, k] = Cl[i, k]
+                    T.fence_proxy_async()                 # (written by this thread, read by the bulk copy)
+                    T.mbarrier_arrive(summed[0])
 
     return gemm_rs_push
 
@@ -416,18 +354,11 @@ def default_path(world_size: int) -> str:
     return "push"
 
 
-def persistent_push(K_local: int, world_size: int, cfg: GemmConfig) -> bool:
-    """Whether the push path runs its persistent kernel (module docstring): at more than one rank, when a tile's
-    loop over K is short (at most :data:`PERSISTENT_MAX_K_TILES` steps), where the step-by-step grid's per-tile
-    start and end cost most (RESULTS.md run 28: 0.81 vs 0.71 of cuBLAS at 16 steps, 0.89 vs 0.92 at 56)."""
-    return world_size > 1 and -(-K_local // cfg.block_k) <= PERSISTENT_MAX_K_TILES
-
-
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
             config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
     :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the GPU's SM count (the
-    persistent push kernel's blocks, :func:`persistent_push`)."""
+    push kernel's blocks)."""
     push = (path or default_path(world_size)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape: RESULTS.md run 21)
@@ -435,7 +366,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
     if push:
-        return [(gemm_rs_push_kernel, gemm_args + ((sms,) if persistent_push(K_local, world_size, cfg) else ()))]
+        return [(gemm_rs_push_kernel, gemm_args + (sms,))]
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")

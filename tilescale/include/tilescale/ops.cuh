@@ -639,6 +639,13 @@ __device__ __forceinline__ void init_barrier(void* bar, int arrivals) {
 #endif
   __syncthreads();
 }
+// T.arrive_barrier(bar): one arrival of the calling thread on the mbarrier `bar`, with no bytes announced.
+__device__ __forceinline__ void arrive_barrier(void* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];"
+               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
 // T.wait_barrier(bar, phase): wait until phase `phase` (0, 1, 0, ...) of the mbarrier `bar` completed (no timeout:
 // a phase that nothing was started for never completes).
 __device__ __forceinline__ void wait_barrier(void* bar, int phase) {
@@ -674,10 +681,10 @@ __device__ __forceinline__ void load_rows_async(const void* src, void* dst, int 
 }
 // T.store_async(src, dst): `rows` rows of `row_bytes` from shared `src` (rows `src_ld` apart) into global `dst` (rows
 // `dst_ld` bytes apart; local or a peer's through its mapping) by bulk copies (cp.async.bulk, one per row, spread over
-// the lanes) in one bulk group per lane; returns once they have read `src`. Their writes complete later:
-// T.release_stores (cp.async.bulk.wait_group 0 in the same lanes) waits for them. Warp-level.
+// the lanes) in one bulk group per lane; returns once they have read `src` (`written`: once they are written). Their
+// writes complete later: T.release_stores (cp.async.bulk.wait_group 0 in the same lanes) waits for them. Warp-level.
 __device__ __forceinline__ void store_rows_async(const void* src, void* dst, int rows, int row_bytes, int src_ld,
-                                                 long dst_ld) {
+                                                 long dst_ld, int written = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(src));
   const int lane = threadIdx.x & 31;
@@ -685,7 +692,8 @@ __device__ __forceinline__ void store_rows_async(const void* src, void* dst, int
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
                  ::"l"(static_cast<char*>(dst) + r * dst_ld), "r"(s + r * src_ld), "r"(row_bytes) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  if (written) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   __syncwarp();
 #endif
 }
