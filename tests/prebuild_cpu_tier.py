@@ -172,7 +172,7 @@ GROUPS = (
     (["examples/distributed/example_gemm_reducescatter.py::test_gemm_rs_compiles_for_sm90"],
      example("gemm_reduce_scatter", "gemm_rs_reduce_kernel", 1024, 512, 4, 512, 8, "float16")),
     (["examples/distributed/example_gemm_reducescatter.py::test_gemm_rs_push_kernel_compiles_for_sm90"],
-     example("gemm_reduce_scatter", "gemm_rs_push_kernel", 1024, 512, 256, 4, "float16")),
+     example("gemm_reduce_scatter", "gemm_rs_push_kernel", 1024, 512, 256, 4, "float16", 128, 256, 64, 3, 256, 10, 8)),
     (["examples/distributed/example_reduce_scatter.py::test_reduce_scatter_compiles_for_sm90"],
      example("reduce_scatter", "reduce_scatter_kernel", 8, 64, "float32")),
     (["examples/distributed/example_ring_put.py::test_ring_put_compiles_for_sm90"], ring_put_example),
