@@ -1,7 +1,7 @@
 """GEMM+RS's two paths on a machine without a GPU (tilescale/ops/gemm_reduce_scatter.py): which one a job takes,
-the kernels each builds, and the push kernel's protocol as generated (the sum in loaded while the GEMM runs, or
-after it once counted; the sum out pushed into rank me - 1's slab through its view, one count per tile on its
-word; my rows into C). Their GPU tests: examples/distributed/example_gemm_reducescatter.py (both paths at 2
+the kernels each builds, and the push kernel's protocol as generated (its warps' roles: X and W loaded by TMA, the
+GEMM and the add, the sums' waits, loads, pushes into rank me - 1's slab through its view and counts, one per
+tile; my rows into C). Their GPU tests: examples/distributed/example_gemm_reducescatter.py (both paths at 2
 and 4 ranks), tests/test_graphs_gpu.py (CUDA graphs), tests/test_gpu_remote.py (pull, across emulated nodes)."""
 import re
 import sys
@@ -29,6 +29,31 @@ def test_one_node_pushes_other_nodes_and_large_jobs_pull(no_runtime, monkeypatch
     assert grs.default_path(grs.MAX_PUSH_RANKS + 1) == "pull"          # one NVLink domain: at most 8 ranks
     monkeypatch.setenv("TILESCALE_NODE_SIZE", "2")                    # nodes of 2 ranks: a peer on another node
     assert grs.default_path(4) == "pull" and grs.default_path(2) == "push"
+
+
+def test_k_the_push_kernel_cannot_load_takes_the_pull_path(no_runtime):
+    """At world size > 1 the push kernel loads rows of X by TMA (whole 16 bytes: K_local a multiple of 8 in 16-bit
+    types): another K takes the pull path by default, and asking for push names K_local."""
+    assert grs.push_takes(2, 256) and not grs.push_takes(2, 260) and grs.push_takes(1, 260)
+    assert grs.default_path(2, 260) == "pull" and grs.default_path(2, 264) == "push"
+    assert grs.default_path(1, 260) == "push"                             # world size 1: the plain grid
+    (g, _), (r, _) = grs.kernels(4096, 2048, 260, 2, "bfloat16")
+    assert (g, r) == (grs.gemm_rs_gemm_kernel, grs.gemm_rs_reduce_kernel)
+
+
+def test_push_kernel_multiplies_with_one_or_two_warpgroups():
+    """Its multiplying warpgroups take 232 registers each beside warpgroup 0 (40): three would not fit the SM's
+    65536 (setmaxnreg would wait for ever), so a config of 384 threads cannot run it (the pull path's GEMM can)."""
+    from tilescale.ops.gemm import check
+
+    wide = GemmConfig(128, 192, 64, 4, 384, 16)
+    assert check(wide, 8192, 3072, 2048, world_size=4, op="gemm_rs") is None
+    assert check(wide, 8192, 3072, 2048, world_size=1, op="gemm_rs_push") is None        # world size 1: a grid
+    why = check(wide, 8192, 3072, 2048, world_size=4, op="gemm_rs_push")
+    assert why and why.startswith("threads=384: the push kernel multiplies with 1 or 2 warpgroups"), why
+    with pytest.raises(ValueError, match="threads=384"):
+        grs.kernels(8192, 3072, 2048, 4, "bfloat16", config=wide, path="push")
+    assert 128 * 40 + 256 * 232 <= 65536 < 128 * 40 + 384 * 232
 
 
 def test_ranks_sharing_a_gpu_through_mps_pull(no_runtime, monkeypatch, tmp_path):
@@ -83,12 +108,15 @@ def test_persistent_kernel_rasterizes_in_equal_panels():
 
 def _roles(src: str) -> dict:
     """The branches of the push kernel's roles (module docstring): {"load": warp 0, "sums": warp 1, "mma": warps 4
-    ..}, from the generated kernel."""
+    ..}, from the generated kernel; warpgroup 0 gives up its registers once, before its warps take their roles."""
+    group0 = src.index("if (((int)threadIdx.x) < 128) {")
+    assert src[group0:].index("tl::warpgroup_reg_dealloc<40>();") < src[group0:].index("if (((int)threadIdx.x) < 32) {")
+    assert src.count("tl::warpgroup_reg_dealloc<") == 1 and src.count("tl::warpgroup_reg_alloc<232>();") == 1
     load = src.index("if (((int)threadIdx.x) < 32) {")
     sums = src.index("if (((int)threadIdx.x) < 64) {")
-    idle = src.index("if (((int)threadIdx.x) < 128) {")
     mma = src.index("tl::warpgroup_reg_alloc<232>();")
-    return {"load": src[load:sums], "sums": src[sums:idle], "mma": src[mma:]}
+    assert group0 < load < sums < mma
+    return {"load": src[load:sums], "sums": src[sums:mma], "mma": src[mma:]}
 
 
 @pytest.mark.parametrize("W", [2, 4, 8])
@@ -111,7 +139,8 @@ def test_push_kernel_protocol(W):
     r = _roles(src)
     # 1: warp 0, TMA loads of X and W into the stage after waiting for it to be free, for every (tile, K step)
     assert r["load"].count("tl::tma_load(X_desc") == 1 and "tl::tma_load(Wt_desc" in r["load"]
-    assert r["load"].index("empty[(it % 3)].wait(") < r["load"].index("tl::tma_load(X_desc")
+    assert r["load"].index("empty[(it % 3)].wait((((it / 3) & 1) ^ 1));") < r["load"].index("tl::tma_load(X_desc")
+    assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(it % 3)].arrive();")
     assert "tilescale::" not in r["load"]
     # 2: warp 1, the call number and every use of it
     sums = r["sums"]
@@ -120,6 +149,8 @@ def test_push_kernel_protocol(W):
     wait = sums.index("tilescale::wait_until<unsigned long long>((&(arrived[")          # acquire, system scope
     load = sums.index("tilescale::load_rows_async((&(R[")
     assert wait < load < sums.index("tilescale::arrive_barrier((&(landed[0])));")  # else: step 1, Rs free
+    assert re.search(r"if \(\(\(int\)threadIdx.x\) == 32\) \{\s*tilescale::arrive_barrier", sums)  # 1 arrival
+    assert "tilescale::init_barrier((&(landed[0])), 1);" in src                # of 1 expected
     assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in sums      # one copy: the tile's 128 padded rows
     summed = sums.index("summed[0].wait((j & 1));")
     push = sums.index("tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
@@ -134,7 +165,8 @@ def test_push_kernel_protocol(W):
     mma = r["mma"]
     loop = mma[mma.index("for (int ko = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));")]
     assert "sync_thread" not in loop and "fence_proxy_async" not in loop and "tilescale::" not in loop
-    assert loop.index("full[") < loop.index("wgmma_ss<") < loop.index("empty[")
+    assert loop.index("full[(((j_1 * 4) + ko) % 3)].wait(((((j_1 * 4) + ko) / 3) & 1));") < loop.index(
+        "wgmma_ss<") < loop.index("empty[(((j_1 * 4) + ko) % 3)].arrive();")      # the same step as warp 0's
     assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
     tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));"):]
     assert tail.index("__bfloat1622float2") < tail.index("__float22bfloat162_rn") < tail.rindex(
@@ -176,13 +208,13 @@ def test_the_warp_that_stores_a_tile_counts_it(cfg):
 
     M, N, K, W = 4096, 2048, 1024, 4
     args = (M, N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)
-    for src, desc in ((kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args))), "P_desc"),):
-        assert "if (((int)threadIdx.x) < 128) {" in src                  # the producer warpgroup first
-        elect, warps = _warp_of_store_and_counts(src, desc)
-        assert elect == cfg.threads
-        consumers = range(4, 4 + cfg.threads // 32)
-        elected = [w for w in consumers if w % (elect // 32) == 0]
-        assert warps == set(elected) == {4 + storing_warp(cfg.threads)}, (warps, elected)
+    src = kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args)))
+    assert "if (((int)threadIdx.x) < 128) {" in src                      # the producer warpgroup first
+    elect, warps = _warp_of_store_and_counts(src, "P_desc")
+    assert elect == cfg.threads
+    consumers = range(4, 4 + cfg.threads // 32)
+    elected = [w for w in consumers if w % (elect // 32) == 0]
+    assert warps == set(elected) == {4 + storing_warp(cfg.threads)}, (warps, elected)
 
 
 def test_push_kernel_at_world_size_1_is_the_gemm_alone():

@@ -112,7 +112,7 @@ def test_gemm_rs_push_kernel_compiles_for_sm90():
 
 
 if pytest is not None:
-    # (M, N, K) per world size n: K / n = 4096, one or two tiles per block; K / n = 1024: 128 x n tiles on the
+    # (M, N, K) per world size n: K / n = 4096, 16 x n tiles, one per block; K / n = 1024: 128 x n tiles on the
     # GPU's blocks, several per block (the push path's persistent kernel, gemm_reduce_scatter.gemm_rs_push_kernel)
     SHAPES = {"long_k": lambda n: (512 * n, 1024, 4096 * n), "many_tiles": lambda n: (2048 * n, 2048, 1024 * n)}
 

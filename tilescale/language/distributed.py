@@ -481,7 +481,9 @@ def arrive_barrier(barrier):
     """One arrival on the mbarrier `barrier` (:func:`init_barrier`), announcing no bytes: the calling thread's
     earlier writes and reads of shared memory happen before a wait on that phase returns (e.g. "this buffer is
     free", where another phase of the same barrier says "loaded" by :func:`load_async`). Thread-level: call it from
-    as many threads as the phase expects arrivals (usually one: ``if T.get_thread_binding() == t:``)."""
+    as many threads as the phase expects arrivals (usually one: ``if T.get_thread_binding() == t:``). (tilelang's
+    ``T.mbarrier_arrive`` is the same for the barriers of ``T.alloc_barrier``, which :func:`load_async` does not
+    take.)"""
     T.evaluate(T.call_extern("handle", "tilescale::arrive_barrier", _barrier("arrive_barrier", barrier)))
 
 

@@ -293,6 +293,9 @@ def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: s
         return f"M={M} is not a multiple of world_size x block_m = {world_size} x {cfg.block_m}"
     if op in ("gemm_rs", "gemm_rs_push") and N % cfg.block_n:
         return f"N={N} is not a multiple of block_n={cfg.block_n} (completion counts are per whole tile)"
+    if op == "gemm_rs_push" and world_size > 1 and cfg.threads > 256:
+        return (f"threads={cfg.threads}: the push kernel multiplies with 1 or 2 warpgroups (128 or 256 threads: each "
+                "takes 232 registers beside its warpgroup of loads and sums)")
     return None
 
 

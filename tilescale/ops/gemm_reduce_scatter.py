@@ -25,7 +25,8 @@ s = d - 2 of step d is row block ``((e % 2) * (W - 1) + s) * tiles + i``; ``arri
 tile. Per tile of the block, in its order:
 
 1. warp 0 (loads): for each step of K, waits until the stage is free, then loads the tiles of X and W into it
-   by TMA (an mbarrier per stage each way, 3 stages: the next tile's first steps load during this tile's end);
+   by TMA (an mbarrier per stage each way, the config's stages: the next tile's first steps load during this
+   tile's end);
 2. warps 4 .. (multiply): for each step of K, wait for the stage, wgmma, free the stage; then wait until the tile
    ``Rs`` in shared memory holds the sum in (step d > 1) or is free (step 1), add it in fp32, write the sum
    (rounded to the dtype) into ``Rs``, fence it for the bulk copy and arrive on ``summed``: the next tile's
@@ -42,9 +43,11 @@ Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its 
 (steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
 ran after this call's kernel: so after I read the slot. A block may wait for a tile of a block after its own in
 the order: every block of the grid must be resident (one per SM; another kernel holding SMs delays it, and the
-wait's timeout bounds it); on distinct GPUs and for ranks that share a GPU time-sliced, every rank's blocks get
-SMs; ranks sharing a GPU under MPS take the pull path (a rank's waiting blocks could hold every SM of the GPU they
-share). The sums are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
+sums warp's wait for a flag gives up after ``TILESCALE_WAIT_TIMEOUT_S``, 100 s by default, and stops the
+kernel); on distinct GPUs and for ranks that share a GPU time-sliced, every rank's blocks get SMs; ranks sharing a
+GPU under MPS take the pull path (a rank's waiting blocks could hold every SM of the GPU they share). At world
+size > 1 the kernel loads rows of X by TMA: a K_local that is not a multiple of 8 takes the pull path
+(:func:`push_takes`). The sums are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
 
 **pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
 GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
@@ -203,43 +206,41 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
             tx = T.get_thread_binding()
             me = T.get_rank()
             mine = T.ceildiv(total - bid, blocks)        # this block's tiles
-            if tx < 32:                                   # 1: X and W, by TMA
-                T.set_max_nreg(40, 0)
-                for it in T.serial(mine * k_tiles):
-                    s, ko = it % stages, it % k_tiles
-                    d, t, bx = where((it // k_tiles) * blocks + bid)
-                    rb = ((me + d) % W) * tiles_per_rank + t
-                    T.mbarrier_wait_parity(empty[s], ((it // stages) & 1) ^ 1)
-                    T.tma_copy(X[rb * block_m:(rb + 1) * block_m, ko * block_k:(ko + 1) * block_k], As[s, :, :],
-                               barrier=full[s], leader_scope_threads=32)
-                    T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n], Bs[s, :, :],
-                               barrier=full[s], leader_scope_threads=32)
-                    if tx == 0:
-                        T.mbarrier_arrive(full[s])
-            elif tx < 64:                                 # 3: the sums (every use of the call number)
-                T.set_max_nreg(40, 0)
-                e[0] = T.call_number(counters, scope="warp")
-                for j in T.serial(mine):
-                    d, t, bx = where(j * blocks + bid)
-                    tile = t * tiles_n + bx
-                    if d > 1:
-                        w_in = (d - 2) * tiles + tile
-                        T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                        T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
-                    elif tx == 32:
-                        T.arrive_barrier(landed)
-                    T.mbarrier_wait_parity(summed[0], j & 1)
-                    if d == W:                            # my rows, complete (written before the block ends)
-                        T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
-                                                                     bx * block_n:(bx + 1) * block_n],
-                                      wait="written")
-                    else:
-                        w_out = (d - 1) * tiles + tile
-                        T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
-                        T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
-            elif tx < 128:
-                T.set_max_nreg(40, 0)
-            else:                                         # 2: the GEMM and the add
+            if tx < 128:                                  # warpgroup 0: its registers given up at once (PTX:
+                T.set_max_nreg(40, 0)                     # every warp of a warpgroup runs the same setmaxnreg)
+                if tx < 32:                               # 1: X and W, by TMA
+                    for it in T.serial(mine * k_tiles):
+                        s, ko = it % stages, it % k_tiles
+                        d, t, bx = where((it // k_tiles) * blocks + bid)
+                        rb = ((me + d) % W) * tiles_per_rank + t
+                        T.mbarrier_wait_parity(empty[s], ((it // stages) & 1) ^ 1)
+                        T.tma_copy(X[rb * block_m:(rb + 1) * block_m, ko * block_k:(ko + 1) * block_k],
+                                   As[s, :, :], barrier=full[s], leader_scope_threads=32)
+                        T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n],
+                                   Bs[s, :, :], barrier=full[s], leader_scope_threads=32)
+                        if tx == 0:
+                            T.mbarrier_arrive(full[s])
+                elif tx < 64:                             # 3: the sums (every use of the call number)
+                    e[0] = T.call_number(counters, scope="warp")
+                    for j in T.serial(mine):
+                        d, t, bx = where(j * blocks + bid)
+                        tile = t * tiles_n + bx
+                        if d > 1:
+                            w_in = (d - 2) * tiles + tile
+                            T.wait_until(arrived[w_in], cmp="ge", value=e[0])
+                            T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
+                        elif tx == 32:
+                            T.arrive_barrier(landed)
+                        T.mbarrier_wait_parity(summed[0], j & 1)
+                        if d == W:                        # my rows, complete (written before the block ends)
+                            T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
+                                                                         bx * block_n:(bx + 1) * block_n],
+                                          wait="written")
+                        else:
+                            w_out = (d - 1) * tiles + tile
+                            T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
+                            T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
+            else:                                         # 2: the GEMM and the add (1 or 2 warpgroups)
                 T.set_max_nreg(232, 1)
                 for j in T.serial(mine):
                     d, t, bx = where(j * blocks + bid)
@@ -339,10 +340,17 @@ def _mps_client() -> bool:
     return os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
 
 
-def default_path(world_size: int) -> str:
+def push_takes(world_size: int, K_local: int, elem_bytes: int = 2) -> bool:
+    """Whether the push kernel can run this K: at world size > 1 it loads rows of X by TMA, which must be whole
+    16-byte units (K_local a multiple of 8 in bf16 / fp16); the pull path takes any K."""
+    return world_size == 1 or (K_local * elem_bytes) % 16 == 0
+
+
+def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 2) -> str:
     """The path :class:`GemmRS` takes on this job (module docstring): "push" when every rank is on this node
-    (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, and ranks that
-    share a GPU do not share it through MPS; else "pull". The same on every rank of a job."""
+    (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, ranks that
+    share a GPU do not share it through MPS, and the push kernel takes `K_local` (:func:`push_takes`; None: any);
+    else "pull". The same on every rank of a job."""
     from .. import runtime, topology
 
     rt = runtime.current() if runtime.is_initialized() else None
@@ -350,6 +358,8 @@ def default_path(world_size: int) -> str:
     if topology.of(world_size, local).nodes > 1 or world_size > MAX_PUSH_RANKS:
         return "pull"
     if rt is not None and runtime.shares_gpu() and _mps_client():
+        return "pull"
+    if K_local is not None and not push_takes(world_size, K_local, elem_bytes):
         return "pull"
     return "push"
 
@@ -359,7 +369,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
     :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the GPU's SM count (the
     push kernel's blocks)."""
-    push = (path or default_path(world_size)) == "push"
+    push = (path or default_path(world_size, K_local)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape: RESULTS.md run 21)
     cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
@@ -393,12 +403,15 @@ class GemmRS(Op):
                             path=path) as agreed:
             check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
             checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
-            best = default_path(self.world_size)
+            best = default_path(self.world_size, K_local)
             if path is not None and path not in PATHS:
                 checks.fail("GemmRS", "path", repr(path), f"one of {PATHS} or None (the job's best: {best!r})")
-            elif path == "push" and best != "push":
+            elif path == "push" and default_path(self.world_size) != "push":
                 checks.fail("GemmRS", "path", "'push'", "'pull' or None on this job (push needs every rank on this "
                             f"node, at most {MAX_PUSH_RANKS} ranks, and no MPS-shared GPU)")
+            elif path == "push" and best != "push":
+                checks.fail("GemmRS", "K_local", str(K_local), "a multiple of 8 on the push path (its TMA loads of "
+                            "X need rows of whole 16 bytes); path='pull' or None takes any K_local")
             agreed["path"] = path = path or best
             try:
                 sms = vectors.sm_count()
