@@ -284,6 +284,10 @@ CONSTRUCTION = [
      r"Reduce: dtype: got torch.int64"),
     ("Reduce float shape", lambda: reduce_to_root.Reduce((2.5,), torch.float32, 0), OpArgumentTypeError,
      r"Reduce: shape: got \(2\.5,\), expected a sequence of ints"),
+    # the push kernel loads rows of X by TMA: whole 16 bytes (the default path takes pull for such a K)
+    ("GemmRS push K", lambda: gemm_rs.GemmRS(4096, 2048, 260, torch.bfloat16, path="push"), OpArgumentError,
+     r"GemmRS: K_local: got 260, expected a multiple of 8 on the push path \(its TMA loads of X need rows of whole "
+     r"16 bytes\); path='pull' or None takes any K_local"),
 ]
 
 
