@@ -197,6 +197,8 @@ def every_op(n: int = N, world_size: int = W):
             T.wait_barrier(landed, 1)
             if T.get_thread_binding() < 32:
                 T.store_async(padded[0:64, 0:64], tile[0:64, 0:64], wait="written")
+            if T.get_thread_binding() >= 64:
+                T.store_tile(padded[0:64, 0:64], T.remote(peer_tile, pe=nxt)[0:64, 64:128], threads=(64, 64))
             out[0] = T.cast(d, "int64")
             out[1] = T.cast(e, "int64")
             out[2] = T.cast(g, "int64")
@@ -361,6 +363,9 @@ def test_generated_source_of_distributed_kernel(every_op_build):
     assert "tilescale::arrive_barrier((&(landed[0])));" in src
     assert re.search(r"tilescale::store_rows_async\(\(&\(\(\(half_t\*\)padded\)\[0\]\)\), \(&\(tile\[0\]\)\), "
                      r"64, 128, 144, 128, 1\);", src), src
+    # and by the plain stores of warps 2 and 3 (threads 64 .. 127) into the peer's right half
+    assert re.search(r"tilescale::store_tile\(\(&\(\(\(half_t\*\)padded\)\[0\]\)\), .*, 64, 128, 144, 256, 64, 64\);",
+                     src), src
     params = kernel_params(src)
     assert params and all("__restrict__" not in p for p in params), params
     # inlined mode: no RDC re-basing of shared memory

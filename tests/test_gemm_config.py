@@ -436,7 +436,7 @@ def test_non_default_configs_build_in_the_fused_kernels(gemm_builds):
     assert "blockIdx.y" not in r.source                                          # a 1-D grid: one block per SM
     assert "__launch_bounds__(256" in r.source                     # 128 multiplying threads + 4 warps of roles
     assert "empty[0].init(128);" in r.source and "summed[0].init(128);" in r.source
-    assert "tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[" in r.source         # pushed, then counted
+    assert "tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(Rp[" in r.source    # pushed by warps 1-3, counted
     assert r.source.count("tilescale::release_stores<2") == 1 and "tma_store" not in r.source
     assert "atom_add" not in r.source                                             # (not one release per thread)
     r = gemm_builds["gemm_rs_reduce"]

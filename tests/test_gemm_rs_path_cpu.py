@@ -107,13 +107,13 @@ def test_persistent_kernel_rasterizes_in_equal_panels():
 
 
 def _roles(src: str) -> dict:
-    """The branches of the push kernel's roles (module docstring): {"load": warp 0, "sums": warp 1, "mma": warps 4
-    ..}, from the generated kernel; warpgroup 0 gives up its registers once, before its warps take their roles."""
+    """The branches of the push kernel's roles (module docstring): {"load": warp 0, "sums": warps 1-3, "mma": warps
+    4 ..}, from the generated kernel; warpgroup 0 gives up its registers once, before its warps take their roles."""
     group0 = src.index("if (((int)threadIdx.x) < 128) {")
     assert src[group0:].index("tl::warpgroup_reg_dealloc<40>();") < src[group0:].index("if (((int)threadIdx.x) < 32) {")
     assert src.count("tl::warpgroup_reg_dealloc<") == 1 and src.count("tl::warpgroup_reg_alloc<232>();") == 1
     load = src.index("if (((int)threadIdx.x) < 32) {")
-    sums = src.index("if (((int)threadIdx.x) < 64) {")
+    sums = src.index("} else {\n      for (int j = 0;", load)      # the rest of warpgroup 0: warps 1-3
     mma = src.index("tl::warpgroup_reg_alloc<232>();")
     assert group0 < load < sums < mma
     return {"load": src[load:sums], "sums": src[sums:mma], "mma": src[mma:]}
@@ -123,10 +123,10 @@ def _roles(src: str) -> dict:
 def test_push_kernel_protocol(W):
     """The push kernel (module docstring, protocol 1-3), as generated: warp 0 loads X and W by TMA for every tile of
     the block; warp 1 waits for each sum in (acquire, system scope) and loads it by one bulk copy (or arrives: step
-    1), waits for the sum out, pushes it by one bulk copy into rank me - 1's slab through its view and counts it there
-    (one release a tile), or stores my rows into C, written before the block ends; the multiplying warps wait for
-    nothing but their stages and the tile, add, write the sum out, fence and arrive: no named barrier in the loop
-    over K, nothing of the network."""
+    1); warps 1-3 wait for the sum out and push it by their plain stores into rank me - 1's slab through its view,
+    which warp 1 counts there (one release a tile), or warp 1 stores my rows into C, written before the block ends;
+    the multiplying warps wait for nothing but their stages and the tile, add, write the sum out, fence and arrive:
+    no named barrier in the loop over K, nothing of the network."""
     M, N, K = 1024 * max(W // 4, 1), 512, 256
     func = grs.gemm_rs_push_kernel.get_tir(M, N, K, W, sms=8)
     bufs = [func.buffer_map[p] for p in func.params]
@@ -142,25 +142,33 @@ def test_push_kernel_protocol(W):
     assert r["load"].index("empty[(it % 3)].wait((((it / 3) & 1) ^ 1));") < r["load"].index("tl::tma_load(X_desc")
     assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(it % 3)].arrive();")
     assert "tilescale::" not in r["load"]
-    # 2: warp 1, the call number and every use of it
+    # 2: the call number, known to every thread before the roles (the sums warps' every use of it)
     sums = r["sums"]
-    assert src.count("tilescale::call_number_warp(") == 1 and "tilescale::call_number(" not in src
-    assert sums.index("tilescale::call_number_warp(") < sums.index("for (int j = 0;")
+    assert src.count("tilescale::call_number(") == 1 and "tilescale::call_number_warp(" not in src
+    assert src.index("tilescale::call_number(") < src.index("if (((int)threadIdx.x) < 128) {")
+    # warps 1-3: warp 1 alone waits for the sum in and loads it (or arrives), all three wait for the sum out
+    warp1 = sums.index("if (((int)threadIdx.x) < 64) {")
     wait = sums.index("tilescale::wait_until<unsigned long long>((&(arrived[")          # acquire, system scope
     load = sums.index("tilescale::load_rows_async((&(R[")
-    assert wait < load < sums.index("tilescale::arrive_barrier((&(landed[0])));")  # else: step 1, Rs free
+    assert warp1 < wait < load < sums.index("tilescale::arrive_barrier((&(landed[0])));")  # else: step 1, Rs free
     assert re.search(r"if \(\(\(int\)threadIdx.x\) == 32\) \{\s*tilescale::arrive_barrier", sums)  # 1 arrival
     assert "tilescale::init_barrier((&(landed[0])), 1);" in src                # of 1 expected
     assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in sums      # one copy: the tile's 128 padded rows
     summed = sums.index("summed[0].wait((j & 1));")
-    push = sums.index("tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
+    assert re.search(r"\}\s*\}\s*\}\s*summed\[0\]\.wait\(\(j & 1\)\);", sums), "all three wait (not in warp 1's if)"
+    push = sums.index("tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
     count = sums.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[")
-    assert load < summed < push < count and ", 1, 67584, 67584, 67584, 0);" in sums[push:count]
-    assert re.search(r"store_rows_async\(\(&\(\(\(bfloat16_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);",
-                     sums[summed:push]), "my rows: into C, written before the block ends"
+    assert load < summed < push < count
+    assert ", 1, 67584, 67584, 67584, 32, 96);" in sums[push:count], "the padded tile, by threads 32 .. 127"
+    assert re.search(r"32, 96\);\s*if \(\(\(int\)threadIdx.x\) < 64\) \{\s*tilescale::release_stores", sums[push:]), \
+        "counted once, by warp 1, after the group met"
+    mine = (r"if \(\(\(int\)threadIdx.x\) < 64\) \{\s*tilescale::store_rows_async\("
+            r"\(&\(\(\(bfloat16_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);")
+    assert re.search(mine, sums[summed:push]), "my rows: into C by warp 1, written"
     assert re.search(r"\(\(int\)\(e\[0\] & \(uint64_t\)1\)\) \* " + str(slots * tiles * 128 * 264) + r"\)",
                      sums[push:count]), "this call's half of the slab"
     assert src.count("tilescale::release_stores<") == 1 and src.count("tilescale::wait_until<") == 1
+    assert src.count("tilescale::store_tile(") == 1 and src.count("tilescale::store_rows_async(") == 1
     # 3: the multiplying warps: stages, then the tile's sum in, add, sum out, fence, arrive
     mma = r["mma"]
     loop = mma[mma.index("for (int ko = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));")]
@@ -229,7 +237,7 @@ def test_loopback_kernel_is_the_push_kernel_on_one_gpu():
     from tilescale.compiler import WORLD_SIZE_PARAMS
 
     src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(1024, 512, 256, 4, sms=8)))
-    assert "tilescale::store_rows_async((&(((bfloat16_t*)Rs)[0])), (&(R[" in src and "Rp" not in src
+    assert "tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(R[" in src and "Rp" not in src
     assert "tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(arrived[" in src and "Ap" not in src
     assert "tilescale::load_rows_async((&(R[" in src
     assert "ranks" not in WORLD_SIZE_PARAMS

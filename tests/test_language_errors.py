@@ -265,6 +265,41 @@ def store_async_from_global():
 
 
 @tilescale.jit
+def store_tile_bad_threads():
+    @T.prim_func
+    def k(A: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=128):
+            s = T.alloc_shared((64, 64), "float16")
+            T.store_tile(s, A, threads=(32, 48))  # <tile_threads>
+
+    return k
+
+
+@tilescale.jit
+def store_tile_odd_rows():
+    @T.prim_func
+    def k(A: T.Tensor((64, 100), "float16")):
+        with T.Kernel(1, threads=64):
+            s = T.alloc_shared((64, 104), "float16")
+            T.store_tile(s[0:64, 0:100], A[0:64, 0:100], threads=(0, 64))  # <tile_rows>
+
+    return k
+
+
+@tilescale.jit
+def store_tile_into_shared():
+    @T.prim_func
+    def k(A: T.Tensor((64, 64), "float16")):
+        with T.Kernel(1, threads=64):
+            s = T.alloc_shared((64, 64), "float16")
+            t = T.alloc_shared((64, 64), "float16")
+            T.copy(A, s)
+            T.store_tile(s, t, threads=(0, 64))  # <tile_shared>
+
+    return k
+
+
+@tilescale.jit
 def init_barrier_no_arrivals():
     @T.prim_func
     def main(A: T.Tensor((64,), "float16")):
@@ -323,6 +358,9 @@ CASES = [
     (store_async_bad_wait, "store_wait", ["T.store_async", "wait", "'visible'", "expected 'read' or 'written'"]),
     (arrive_barrier_not_a_barrier, "arrive_barrier", ["T.arrive_barrier", "barrier", "'bar'", "expected one uint64"]),
     (store_async_from_global, "store_global", ["T.store_async", "global", "expected a shared src and a global dst"]),
+    (store_tile_bad_threads, "tile_threads", ["T.store_tile", "threads", "(32, 48)", "whole warps"]),
+    (store_tile_odd_rows, "tile_rows", ["T.store_tile", "row size", "200 bytes", "a multiple of 16"]),
+    (store_tile_into_shared, "tile_shared", ["T.store_tile", "shared", "expected a shared src and a global dst"]),
     (init_barrier_no_arrivals, "init_arrivals", ["T.init_barrier", "arrivals", "got 0", "expected an int >= 1"]),
     (wait_barrier_bad_phase, "wait_phase", ["T.wait_barrier", "phase", "got 2", "expected 0 or 1"]),
     (call_number_bad_scope, "call_scope", ["T.call_number", "scope", "'grid'", "expected one of 'block', 'warp'"]),

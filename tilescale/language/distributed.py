@@ -64,6 +64,7 @@ __all__ = [
     "signal_op", "signal_set", "signal_add",
     "wait_until", "wait_eq", "wait_ne", "wait_ge", "wait_gt", "wait_le", "wait_lt",
     "ld", "st", "atom_add", "atom_cas", "release_stores", "load_async", "store_async",
+    "store_tile",
     "init_barrier", "wait_barrier", "arrive_barrier",
     "fence", "quiet", "barrier_all", "sync_all", "remote", "peer_reachable",
 ]
@@ -440,6 +441,35 @@ def store_async(src, dst, *, wait="read"):
             raise _err("store_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
     T.evaluate(T.call_extern("handle", "tilescale::store_rows_async", s.ptr("r"), d.ptr("w"), rows, row_bytes,
                              src_ld, dst_ld, int(wait == "written")))
+
+
+def store_tile(src, dst, *, threads):
+    """Copy the shared tile `src` into the global tile `dst` (local, or a peer's through its mapping) by plain
+    16-byte stores shared among the threads ``threads = (first, count)`` of the block (whole warps: first and count
+    multiples of 32), every one of which calls it; they then meet at a named barrier (the last, 15: tilelang
+    numbers its own from 3 up). Afterwards `src` may be written again and any of them may count the stores with
+    :func:`release_stores` (its release covers the whole group's stores: the barrier orders them before it).
+    Unlike :func:`store_async` it leaves the block's TMA unit to other copies: a bulk store of a tile in a GEMM's
+    kernel delays the GEMM's TMA loads (RESULTS.md run 30). The threads that wrote `src` synchronise with the
+    group first (an mbarrier, or tilelang's syncs).
+
+    Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
+    completion awaited by :func:`release_stores`."""
+    s, d, rows, row_bytes, src_ld, dst_ld = _pair("store_tile", src, dst, None, remote="none")
+    if not s.buffer.scope().startswith("shared") or d.buffer.scope() != "global":
+        raise _err("store_tile", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
+                   "shared src and a global dst")
+    ok = (isinstance(threads, tuple) and len(threads) == 2
+          and all(isinstance(x, int) and not isinstance(x, bool) for x in threads))
+    if not ok or threads[0] < 0 or threads[0] % 32 or threads[1] < 32 or threads[1] % 32 or sum(threads) > 1024:
+        raise _err("store_tile", f"threads: got {threads!r}, expected (first, count): whole warps of the block "
+                   "(ints, multiples of 32, count >= 32, first + count <= 1024)")
+    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
+        n = _as_int(v)
+        if n is not None and n % 16:
+            raise _err("store_tile", f"{what}: got {n} bytes, expected a multiple of 16 (16-byte stores)")
+    T.evaluate(T.call_extern("handle", "tilescale::store_tile", s.ptr("r"), d.ptr("w"), rows, row_bytes, src_ld,
+                             dst_ld, threads[0], threads[1]))
 
 
 def _barrier(op: str, bar):

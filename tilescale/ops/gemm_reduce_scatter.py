@@ -18,8 +18,10 @@ kernel runs, and at world size 1 the call is this GEMM alone (a plain grid). The
 per SM runs tiles b, b + SMs, ... of the step-by-step order (all of step 1's tiles, then step 2's, ...;
 rasterized in equal panels within a step), and its warps have roles, so that nothing but the GEMM waits on the
 multiplying warps (the sums' waits, loads, pushes and counts cost a tile of the GEMM 13-20% when its own warps
-made them: RESULTS.md run 29). ``R`` holds a tile per row block (rows padded against bank conflicts, so that a
-sum moves in one bulk copy each way) and is double-buffered by the call number e = 1, 2, ... (counted on the
+made them: RESULTS.md run 29). The sums go out by three warps' plain stores: one bulk store of the tile
+cost the GEMM 4-6% more (RESULTS.md run 30; the bulk copies share the block's TMA unit with warp 0's loads).
+``R`` holds a tile per row block (rows padded against bank conflicts, so that a sum moves in one copy each
+way) and is double-buffered by the call number e = 1, 2, ... (counted on the
 device, ``T.call_number``: a call captured in a CUDA graph sees a new e on every replay): tile i of slot
 s = d - 2 of step d is row block ``((e % 2) * (W - 1) + s) * tiles + i``; ``arrived`` has one word per slot and
 tile. Per tile of the block, in its order:
@@ -31,13 +33,15 @@ tile. Per tile of the block, in its order:
    ``Rs`` in shared memory holds the sum in (step d > 1) or is free (step 1), add it in fp32, write the sum
    (rounded to the dtype) into ``Rs``, fence it for the bulk copy and arrive on ``summed``: the next tile's
    steps follow at once;
-3. warp 1 (sums; every use of e): step d > 1: wait until ``arrived[d - 2, tile] >= e`` (acquire, system scope),
-   then load the sum in from this call's half of ``R`` into ``Rs`` (``T.load_async``, one bulk copy); step 1:
-   arrive on that barrier instead (``T.arrive_barrier``: ``Rs`` is free, its last push read). Wait for
-   ``summed``; step d < W: push the sum from ``Rs`` into rank me - 1's ``R`` (through its peer mapping), slot
-   d - 1, by one bulk copy (``T.store_async``), then, once written, add 1 to rank me - 1's ``arrived[d - 1,
-   tile]`` (one release per tile, system scope: ``T.release_stores`` through the mapping); step W: store my rows
-   into C_local (bulk copies, written before the block ends). Either copy has read ``Rs`` before it returns.
+3. warps 1-3 (sums; e is known to every thread before the roles): warp 1, step d > 1: wait until
+   ``arrived[d - 2, tile] >= e`` (acquire, system scope), then load the sum in from this call's half of ``R``
+   into ``Rs`` (``T.load_async``, one bulk copy); step 1: arrive on that barrier instead (``T.arrive_barrier``:
+   ``Rs`` is free, its last push read). Warps 1-3 wait for ``summed``; step d < W: they push the sum from
+   ``Rs`` into rank me - 1's ``R`` (through its peer mapping), slot d - 1, by their plain 16-byte stores
+   (``T.store_tile``, which ends when all three have read ``Rs`` and met), then warp 1 adds 1 to rank me - 1's
+   ``arrived[d - 1, tile]`` (one release per tile, system scope, covering the three warps' stores:
+   ``T.release_stores`` through the mapping); step W: warp 1 stores my rows into C_local (bulk copies, written
+   before the block ends). Either way ``Rs`` has been read before warp 1 loads the next sum in.
 
 Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its call e + 1 ended, which waited
 (steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
@@ -203,6 +207,7 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
             landed = T.alloc_shared((1,), "uint64", scope="shared")   # Rs holds its sum in (or is free: step 1)
             T.init_barrier(landed)
             e = T.alloc_local((1,), "uint64")
+            e[0] = T.call_number(counters)               # (the sums warps' every use of it)
             tx = T.get_thread_binding()
             me = T.get_rank()
             mine = T.ceildiv(total - bid, blocks)        # this block's tiles
@@ -220,26 +225,28 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                                    Bs[s, :, :], barrier=full[s], leader_scope_threads=32)
                         if tx == 0:
                             T.mbarrier_arrive(full[s])
-                elif tx < 64:                             # 3: the sums (every use of the call number)
-                    e[0] = T.call_number(counters, scope="warp")
-                    for j in T.serial(mine):
+                else:                                     # 3: the sums: warps 1-3 push, warp 1 alone waits,
+                    for j in T.serial(mine):              # loads, stores my rows and counts
                         d, t, bx = where(j * blocks + bid)
                         tile = t * tiles_n + bx
-                        if d > 1:
-                            w_in = (d - 2) * tiles + tile
-                            T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                            T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
-                        elif tx == 32:
-                            T.arrive_barrier(landed)
+                        if tx < 64:
+                            if d > 1:
+                                w_in = (d - 2) * tiles + tile
+                                T.wait_until(arrived[w_in], cmp="ge", value=e[0])
+                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
+                            elif tx == 32:
+                                T.arrive_barrier(landed)
                         T.mbarrier_wait_parity(summed[0], j & 1)
                         if d == W:                        # my rows, complete (written before the block ends)
-                            T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
-                                                                         bx * block_n:(bx + 1) * block_n],
-                                          wait="written")
-                        else:
+                            if tx < 64:
+                                T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
+                                                                             bx * block_n:(bx + 1) * block_n],
+                                              wait="written")
+                        else:                             # plain stores: a bulk one would hold up warp 0's loads
                             w_out = (d - 1) * tiles + tile
-                            T.store_async(Rs, tile_of(out(R, Rp), e[0], w_out))
-                            T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
+                            T.store_tile(Rs, tile_of(out(R, Rp), e[0], w_out), threads=(32, 96))
+                            if tx < 64:
+                                T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
             else:                                         # 2: the GEMM and the add (1 or 2 warpgroups)
                 T.set_max_nreg(232, 1)
                 for j in T.serial(mine):

@@ -697,6 +697,33 @@ __device__ __forceinline__ void store_rows_async(const void* src, void* dst, int
   __syncwarp();
 #endif
 }
+// T.store_tile(src, dst, threads=(first, count)): threads first .. first + count - 1 of the block (whole warps, every
+// one calling) copy `rows` rows of `row_bytes` from shared `src` (rows `src_ld` bytes apart) into global `dst` (rows
+// `dst_ld` apart; local or a peer's through its mapping) by plain 16-byte stores, then meet at named barrier
+// kStoreTileBarrier: afterwards `src` may be written again and any of them may count the stores (T.release_stores:
+// its release is cumulative over the group's stores, ordered before it by the barrier). No bulk copy: the TMA unit
+// is left to the GEMM's loads (RESULTS.md run 30).
+constexpr int kStoreTileBarrier = 15;   // the last named barrier: tilelang numbers its own from 3 up
+__device__ __forceinline__ void store_tile(const void* src, void* dst, int rows, int row_bytes, int src_ld,
+                                           long dst_ld, int first, int count) {
+  const int t = static_cast<int>(threadIdx.x) - first;
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  char* d = static_cast<char*>(dst);
+  const int per_row = row_bytes >> 4;
+  const int n = rows * per_row;
+  const bool flat = src_ld == row_bytes && dst_ld == (long)row_bytes;
+#pragma unroll 4
+  for (int i = t; i < n; i += count) {
+    const int r = flat ? 0 : i / per_row;
+    const int c = flat ? i : i - r * per_row;
+    uint32_t a, b, x, y;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(x), "=r"(y) : "r"(s + r * src_ld + c * 16) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"l"(d + r * dst_ld + c * 16), "r"(a), "r"(b), "r"(x), "r"(y) : "memory");
+  }
+  asm volatile("bar.sync %0, %1;" ::"n"(kStoreTileBarrier), "r"(count) : "memory");
+}
 // ============================================================================ end of asynchronous bulk copies
 
 }  // namespace tilescale
