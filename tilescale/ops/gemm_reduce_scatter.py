@@ -19,7 +19,7 @@ per SM runs tiles b, b + SMs, ... of the step-by-step order (all of step 1's til
 rasterized in equal panels within a step), and its warps have roles, so that nothing but the GEMM waits on the
 multiplying warps (the sums' waits, loads, pushes and counts cost a tile of the GEMM 13-20% when its own warps
 made them: RESULTS.md run 29). The sums go out by three warps' plain stores: one bulk store of the tile
-cost the GEMM 4-6% more (RESULTS.md run 30; the bulk copies share the block's TMA unit with warp 0's loads).
+cost the GEMM 4-6% more (RESULTS.md run 30; why was not measured apart).
 ``R`` holds a tile per row block (rows padded against bank conflicts, so that a sum moves in one copy each
 way) and is double-buffered by the call number e = 1, 2, ... (counted on the
 device, ``T.call_number``: a call captured in a CUDA graph sees a new e on every replay): tile i of slot
@@ -47,7 +47,7 @@ Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its 
 (steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
 ran after this call's kernel: so after I read the slot. A block may wait for a tile of a block after its own in
 the order: every block of the grid must be resident (one per SM; another kernel holding SMs delays it, and the
-sums warp's wait for a flag gives up after ``TILESCALE_WAIT_TIMEOUT_S``, 100 s by default, and stops the
+wait of warp 1 (sums) for a flag gives up after ``TILESCALE_WAIT_TIMEOUT_S``, 100 s by default, and stops the
 kernel); on distinct GPUs and for ranks that share a GPU time-sliced, every rank's blocks get SMs; ranks sharing a
 GPU under MPS take the pull path (a rank's waiting blocks could hold every SM of the GPU they share). At world
 size > 1 the kernel loads rows of X by TMA: a K_local that is not a multiple of 8 takes the pull path
@@ -242,7 +242,7 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                                 T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
                                                                              bx * block_n:(bx + 1) * block_n],
                                               wait="written")
-                        else:                             # plain stores: a bulk one would hold up warp 0's loads
+                        else:                             # plain stores: a bulk one cost the GEMM 4-6% (run 30)
                             w_out = (d - 1) * tiles + tile
                             T.store_tile(Rs, tile_of(out(R, Rp), e[0], w_out), threads=(32, 96))
                             if tx < 64:
