@@ -393,6 +393,25 @@ def release_stores(counter, value=1, *, scope="sys", pending=0):
                              t.ptr("rw")))
 
 
+def _tile_copy(op: str, src, dst, *, into: str) -> tuple:
+    """:func:`_pair` for a copy between a global tile and a shared one (`into`: the destination's memory), both
+    checked: (src, dst, rows, row bytes, src pitch, dst pitch)."""
+    s, d, rows, row_bytes, src_ld, dst_ld = _pair(op, src, dst, None, remote="none")
+    shared, glob = (d, s) if into == "shared" else (s, d)
+    if glob.buffer.scope() != "global" or not shared.buffer.scope().startswith("shared"):
+        want = "a global src and a shared dst" if into == "shared" else "a shared src and a global dst"
+        raise _err(op, f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected {want}")
+    return s, d, rows, row_bytes, src_ld, dst_ld
+
+
+def _rows_of_16(op: str, copies: str, row_bytes, src_ld, dst_ld) -> None:
+    """The row size and both pitches of a tile copy made by `copies` (16-byte units): multiples of 16 bytes."""
+    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
+        n = _as_int(v)
+        if n is not None and n % 16:
+            raise _err(op, f"{what}: got {n} bytes, expected a multiple of 16 ({copies})")
+
+
 def load_async(src, dst, *, barrier):
     """Start copying the global tile `src` into the shared buffer `dst` without waiting for it: bulk copies
     (``cp.async.bulk``), one per row, that complete on the mbarrier `barrier` (:func:`init_barrier`). Wait for
@@ -403,14 +422,8 @@ def load_async(src, dst, *, barrier):
 
     Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst[:, :cols].copy_(src)``,
     asynchronously."""
-    s, d, rows, row_bytes, src_ld, dst_ld = _pair("load_async", src, dst, None, remote="none")
-    if s.buffer.scope() != "global" or not d.buffer.scope().startswith("shared"):
-        raise _err("load_async", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
-                   "global src and a shared dst")
-    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
-        n = _as_int(v)
-        if n is not None and n % 16:
-            raise _err("load_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
+    s, d, rows, row_bytes, src_ld, dst_ld = _tile_copy("load_async", src, dst, into="shared")
+    _rows_of_16("load_async", "bulk copies", row_bytes, src_ld, dst_ld)
     # `dst` and the barrier go by address (T.address_of): the copy writes them when it lands, which
     # T.wait_barrier orders; declared as a write where it is started, inside a T.Pipelined loop, `dst` would
     # make tilelang synchronise the threads on every iteration
@@ -429,16 +442,10 @@ def store_async(src, dst, *, wait="read"):
 
     Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
     completion awaited by :func:`release_stores`."""
-    s, d, rows, row_bytes, src_ld, dst_ld = _pair("store_async", src, dst, None, remote="none")
-    if not s.buffer.scope().startswith("shared") or d.buffer.scope() != "global":
-        raise _err("store_async", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
-                   "shared src and a global dst")
+    s, d, rows, row_bytes, src_ld, dst_ld = _tile_copy("store_async", src, dst, into="global")
     if wait not in ("read", "written"):
         raise _err("store_async", f"wait: got {wait!r}, expected 'read' or 'written'")
-    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
-        n = _as_int(v)
-        if n is not None and n % 16:
-            raise _err("store_async", f"{what}: got {n} bytes, expected a multiple of 16 (bulk copies)")
+    _rows_of_16("store_async", "bulk copies", row_bytes, src_ld, dst_ld)
     T.evaluate(T.call_extern("handle", "tilescale::store_rows_async", s.ptr("r"), d.ptr("w"), rows, row_bytes,
                              src_ld, dst_ld, int(wait == "written")))
 
@@ -455,19 +462,13 @@ def store_tile(src, dst, *, threads):
 
     Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
     completion awaited by :func:`release_stores`."""
-    s, d, rows, row_bytes, src_ld, dst_ld = _pair("store_tile", src, dst, None, remote="none")
-    if not s.buffer.scope().startswith("shared") or d.buffer.scope() != "global":
-        raise _err("store_tile", f"src, dst: got buffers in {s.buffer.scope()} and {d.buffer.scope()}, expected a "
-                   "shared src and a global dst")
+    s, d, rows, row_bytes, src_ld, dst_ld = _tile_copy("store_tile", src, dst, into="global")
     ok = (isinstance(threads, tuple) and len(threads) == 2
           and all(isinstance(x, int) and not isinstance(x, bool) for x in threads))
     if not ok or threads[0] < 0 or threads[0] % 32 or threads[1] < 32 or threads[1] % 32 or sum(threads) > 1024:
         raise _err("store_tile", f"threads: got {threads!r}, expected (first, count): whole warps of the block "
                    "(ints, multiples of 32, count >= 32, first + count <= 1024)")
-    for what, v in (("row size", row_bytes), ("src row pitch", src_ld), ("dst row pitch", dst_ld)):
-        n = _as_int(v)
-        if n is not None and n % 16:
-            raise _err("store_tile", f"{what}: got {n} bytes, expected a multiple of 16 (16-byte stores)")
+    _rows_of_16("store_tile", "16-byte stores", row_bytes, src_ld, dst_ld)
     T.evaluate(T.call_extern("handle", "tilescale::store_tile", s.ptr("r"), d.ptr("w"), rows, row_bytes, src_ld,
                              dst_ld, threads[0], threads[1]))
 

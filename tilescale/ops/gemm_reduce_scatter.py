@@ -410,10 +410,11 @@ class GemmRS(Op):
                             path=path) as agreed:
             check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
             checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
-            best = default_path(self.world_size, K_local)
+            job = default_path(self.world_size)                   # the job's path for any K
+            best = job if push_takes(self.world_size, K_local) else "pull"
             if path is not None and path not in PATHS:
                 checks.fail("GemmRS", "path", repr(path), f"one of {PATHS} or None (the job's best: {best!r})")
-            elif path == "push" and default_path(self.world_size) != "push":
+            elif path == "push" and job != "push":
                 checks.fail("GemmRS", "path", "'push'", "'pull' or None on this job (push needs every rank on this "
                             f"node, at most {MAX_PUSH_RANKS} ranks, and no MPS-shared GPU)")
             elif path == "push" and best != "push":
