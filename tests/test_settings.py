@@ -103,3 +103,35 @@ def test_invalid_settings_raise_setting_errors(menv):
     with pytest.raises(SettingError, match="TILESCALE_WAIT_TIMEOUT_S='soon'"):
         _ = settings.wait_timeout_s
     assert issubclass(SettingError, ValueError) and issubclass(SettingError, TileScaleError)
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "1e300", "604801", "-1"])
+@pytest.mark.parametrize("var, attr", [("TILESCALE_WAIT_TIMEOUT_S", "wait_timeout_s"),
+                                       ("TILESCALE_NVCC_TIMEOUT_S", "nvcc_timeout_s")])
+def test_seconds_refuse_nan_infinite_and_huge_values(menv, raw, var, attr):
+    """Not a raw ValueError / OverflowError at first use, nor a bound that never ends (nan compares false with
+    every deadline): a SettingError naming the variable, the value and the range."""
+    from tilescale.errors import SettingError
+
+    menv.setenv(var, raw)
+    with pytest.raises(SettingError) as e:
+        getattr(settings, attr)
+    msg = str(e.value)
+    assert msg.startswith(f"{var}={raw!r}: expected a number of seconds from 0 to 604800"), msg
+    assert "0 turns the bound off" in msg, msg
+    menv.setenv(var, "604800")                     # the largest bound taken, and 0 (none)
+    assert getattr(settings, attr) == 604800.0
+    menv.setenv(var, "0")
+    assert getattr(settings, attr) == 0.0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30, -1.0])
+def test_a_kernels_own_wait_timeout_is_checked_like_the_setting(value):
+    """tilescale.jit(wait_timeout_s=...) reaches the -D flag of the kernel's bound in nanoseconds: refused by
+    name before (inf was an OverflowError of int(), nan a ValueError)."""
+    from tilescale import backend
+    from tilescale.errors import SettingError
+
+    spec = backend.BackendSpec(name="cython", distributed=True, build_mode="inlined", reason="test")
+    with pytest.raises(SettingError, match=r"^wait_timeout_s=.*: expected a number of seconds from 0 to 604800"):
+        backend.nvshmem_compile_flags(spec, install=None, wait_timeout_s=value)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build_modes, compat, discovery, toolchain
-from .env import settings
+from .env import check_seconds, settings
 from .errors import BackendError
 from .version import __version__
 
@@ -167,7 +167,7 @@ def nvshmem_compile_flags(spec: BackendSpec, install, wait_timeout_s: float | No
     node of TILESCALE_NODE_SIZE: ops.cuh's peer_ptr_or_null) into it."""
     if not spec.distributed:
         return []
-    timeout = settings.wait_timeout_s if wait_timeout_s is None else wait_timeout_s
+    timeout = settings.wait_timeout_s if wait_timeout_s is None else check_seconds("wait_timeout_s", wait_timeout_s)
     flags = [
         f"-I{INCLUDE_DIR}",
         f"-I{install.include_dir}",

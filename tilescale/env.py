@@ -100,15 +100,30 @@ class Flag(Setting[bool]):
         return "1" if value else "0"
 
 
+MAX_SECONDS = 7 * 24 * 3600.0   # a week: any bound of tilescale above it is a typo; 0 turns a bound off
+
+
+def check_seconds(name: str, value: float, raw: str | None = None) -> float:
+    """`value` if it is a finite number of seconds from 0 to MAX_SECONDS, else SettingError naming `name`
+    (nan compares false with everything, inf overflows the nanosecond bounds of kernels and the waits of
+    Python's threads)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_SECONDS:
+        shown = repr(raw) if raw is not None else repr(value)
+        raise SettingError(f"{name}={shown}: expected a number of seconds from 0 to {MAX_SECONDS:.0f} (a week; "
+                           "0 turns the bound off)")
+    return float(value)
+
+
 class Seconds(Setting[float]):
+    """A number of seconds from 0 (no bound) to :data:`MAX_SECONDS`."""
+
     def parse(self, name: str, raw: str) -> float:
         try:
             v = float(raw)
         except ValueError:
             raise SettingError(f"{name}={raw!r}: expected a number of seconds, e.g. 30") from None
-        if v < 0:
-            raise SettingError(f"{name}={raw!r}: expected a number >= 0 (0 turns it off)")
-        return v
+        return check_seconds(name, v, raw)
 
 
 class Count(Setting[int]):
