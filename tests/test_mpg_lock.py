@@ -2,6 +2,7 @@
 that need it run in tests/test_gpu_teardown.py::test_jobs_sharing_a_gpu_start_and_stop_side_by_side."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,8 +60,11 @@ def test_the_lock_goes_with_a_killed_holder_and_leaves_no_file(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         assert p.stdout.readline().strip() == "HELD"
-        with pytest.raises(TileScaleError):
+        with pytest.raises(TileScaleError) as e:
             mpg_lock.HostLock(name).acquire(0.2, "while held elsewhere")
+        assert f"held by pid {p.pid} (uid {os.getuid()}" in str(e.value), str(e.value)   # who holds it
+        assert "host-wide" in str(e.value), str(e.value)
+        assert mpg_lock.holder(name) == (p.pid, os.getuid())
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
         lock = mpg_lock.HostLock(name)
@@ -91,3 +95,36 @@ def test_the_lowest_rank_of_each_host_holds_it(monkeypatch, hosts, holders):
         monkeypatch.setattr(mpg_lock.socket, "gethostname", lambda: "me")
         got = mpg_lock.first_on_host(rank, group=None)
         assert got == (rank in holders), (rank, hosts)
+
+
+def test_a_name_bound_by_a_process_that_is_not_tilescales_is_reported_as_such():
+    """Anyone on the host can bind the abstract name (it is host-wide): the wait still ends at its bound, and the
+    error says that the holder does not say who it is, instead of naming a wrong one."""
+    name = _name()
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind("\0" + name)          # bound, never listening: no credentials to read
+    try:
+        assert mpg_lock.holder(name) is None
+        t0 = time.monotonic()
+        with pytest.raises(TileScaleError) as e:
+            mpg_lock.HostLock(name).acquire(0.2, "rank 0: tilescale.init_distributed()")
+        assert time.monotonic() - t0 < 5
+        assert "held by a process that does not say who it is" in str(e.value), str(e.value)
+    finally:
+        squatter.close()
+    assert mpg_lock.holder(name) is None      # free: nobody to name
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_wait_that_could_not_end_is_refused(bad):
+    """nan never passes a deadline and inf overflows it: a SettingError naming the argument, not a wait forever."""
+    from tilescale.errors import SettingError
+
+    name = _name()
+    a = mpg_lock.HostLock(name)
+    a.acquire(1, "a")
+    try:
+        with pytest.raises(SettingError, match=r"^timeout_s="):
+            mpg_lock.HostLock(name).acquire(bad, "b")
+    finally:
+        a.release()
