@@ -30,9 +30,14 @@ class FakeStore:
             return self.kv[k]
 
 
+GEN = 1                           # the runtime generation of fake_rt
+KEY = diagnostics.failure_key(GEN)
+
+
 def fake_rt(rank):
     info = types.SimpleNamespace(rank=rank, world_size=2)
-    return types.SimpleNamespace(info=info, wait_diag=torch.zeros(128, dtype=torch.uint8), watchdog=None)
+    return types.SimpleNamespace(info=info, wait_diag=torch.zeros(128, dtype=torch.uint8), watchdog=None,
+                                 generation=GEN)
 
 
 @pytest.fixture
@@ -76,7 +81,7 @@ def test_the_first_failure_is_the_one_reported():
     b.watchdog = types.SimpleNamespace(store=store, reported=False)
     diagnostics.publish_failure(b, "ValueError: first")
     diagnostics.publish_failure(a, "ValueError: second")
-    assert store.get(diagnostics.STORE_KEY).decode() == "1|ValueError: first"
+    assert store.get(KEY).decode() == "1|ValueError: first"
     assert a.watchdog.reported and b.watchdog.reported       # neither watchdog reports a second time
 
 
@@ -91,7 +96,7 @@ def test_a_wait_that_gave_up_gives_its_rank_time_to_report_before_the_others_sto
     for value, grace in (("1|wait|rank 1, block 0, thread 0: T.wait_until at x.py:3 gave up", diagnostics.STOP_GRACE_S),
                          ("1|RuntimeError: boom", 0.5)):
         store = FakeStore()
-        store.set(diagnostics.STORE_KEY, value)
+        store.set(KEY, value)
         dog = start_dog(fake_rt(0), store)
         deadline = time.monotonic() + 10
         while not calls and time.monotonic() < deadline:
@@ -115,11 +120,11 @@ def test_a_wait_record_is_published_with_its_kind_once(monkeypatch):
     rt.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     dog = start_dog(rt, store)
     deadline = time.monotonic() + 10
-    while not store.check([diagnostics.STORE_KEY]) and time.monotonic() < deadline:
+    while not store.check([KEY]) and time.monotonic() < deadline:
         time.sleep(0.01)
     dog.stop.set()
     dog.join(5)
-    who, msg, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    who, msg, wait = diagnostics.parse_failure(store.get(KEY).decode())
     assert (who, wait) == (1, True) and msg.startswith("rank 1, block 0, thread 0:") and "gave up" in msg
     assert diagnostics.parse_failure("1|ValueError: a|b") == (1, "ValueError: a|b", False)
 
@@ -136,7 +141,7 @@ def test_an_error_left_by_a_wait_that_gave_up_is_reported_as_that_wait(capsys):
     raw = struct.pack(diagnostics._FMT, 1, 1, 0, 0, 0, 0, 64, 0, 0, 0x10, 5, 4, int(5e9))
     rt.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     diagnostics.report_own_failure(rt, RuntimeError("CUDA error: unspecified launch failure"))
-    who, msg, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    who, msg, wait = diagnostics.parse_failure(store.get(KEY).decode())
     assert (who, wait) == (1, True) and "gave up after 5.0 s" in msg, msg
     assert "tilescale: rank 1: rank 1, block 0, thread 0: T.wait_until" in capsys.readouterr().err
     half = fake_rt(1)      # a record claimed (flag 2) but the kernel stopped before it was written
@@ -144,19 +149,19 @@ def test_an_error_left_by_a_wait_that_gave_up_is_reported_as_that_wait(capsys):
     raw = struct.pack(diagnostics._FMT, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     half.wait_diag[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     diagnostics.report_own_failure(half, RuntimeError("CUDA error: unspecified launch failure"))
-    who, msg, wait = diagnostics.parse_failure(store3.get(diagnostics.STORE_KEY).decode())
+    who, msg, wait = diagnostics.parse_failure(store3.get(KEY).decode())
     assert (who, wait) == (1, True) and "gave up" in msg and "before its record was complete" in msg, msg
     assert "tilescale: rank 1: a T.wait_until gave up" in capsys.readouterr().err
     plain = fake_rt(0)
     plain.watchdog = types.SimpleNamespace(store=(store2 := FakeStore()), reported=False)
     diagnostics.report_own_failure(plain, ValueError("bad input\nsecond line"))
-    assert store2.get(diagnostics.STORE_KEY).decode() == "0|ValueError: bad input"
+    assert store2.get(KEY).decode() == "0|ValueError: bad input"
     assert capsys.readouterr().err == ""
 
 
 def test_a_rank_reporting_its_own_error_is_not_stopped_first(exits):
     store = FakeStore()
-    store.set(diagnostics.STORE_KEY, "1|RuntimeError: boom")
+    store.set(KEY, "1|RuntimeError: boom")
     diagnostics.failing.set()
     dog = start_dog(fake_rt(0), store)
     time.sleep(0.2)
@@ -167,7 +172,7 @@ def test_a_rank_reporting_its_own_error_is_not_stopped_first(exits):
 
 def test_own_report_does_not_stop_itself(exits):
     store = FakeStore()
-    store.set(diagnostics.STORE_KEY, "0|RuntimeError: mine")
+    store.set(KEY, "0|RuntimeError: mine")
     dog = start_dog(fake_rt(0), store)
     time.sleep(0.2)
     dog.stop.set()
@@ -257,7 +262,7 @@ def test_finalize_alone_gives_up_within_the_bound_and_tells_the_others(monkeypat
     assert 0.3 <= time.monotonic() - t0 < 10
     msg = str(ei.value)
     assert "rank 1: tilescale.finalize() gave up after 0.3 s" in msg and "rank(s) 0 to call it too" in msg, msg
-    who, told, wait = diagnostics.parse_failure(store.get(diagnostics.STORE_KEY).decode())
+    who, told, wait = diagnostics.parse_failure(store.get(diagnostics.failure_key(7)).decode())
     assert (who, wait) == (1, False) and told.startswith("WaitTimeoutError: rank 1: tilescale.finalize() gave up")
     assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()
 
@@ -305,3 +310,82 @@ def test_call_number_stops_a_kernel_without_printf_and_says_why():
                elapsed_ns=0)
     msg = diagnostics.describe(rec)
     assert "T.call_number: block 7 of the grid has no counter" in msg and "holds 6" in msg
+
+
+# ------------------------------------------------------------- a runtime generation's failures are its own
+def test_a_failure_caught_in_one_runtime_does_not_stop_the_next_one(exits):
+    """A job that caught a failure (a wait that gave up, an error it handled), finalized and started tilescale again:
+    the failure stays in the job's store, but it was its previous runtime's; the new runtime's watchdogs leave
+    their ranks be. A failure of the new runtime still stops them."""
+    store = FakeStore()
+    old = fake_rt(1)
+    old.watchdog = types.SimpleNamespace(store=store, reported=False)
+    diagnostics.publish_failure(old, "ValueError: caught and handled by the job")
+    new = fake_rt(0)
+    new.generation = GEN + 1
+    dog = start_dog(new, store)
+    threading.Event().wait(0.5)       # (time.sleep is stubbed out here): many polls of the watchdog
+    assert exits == [], "the new runtime's watchdog stopped its rank for the previous runtime's failure"
+    failed = fake_rt(1)
+    failed.generation = GEN + 1
+    failed.watchdog = types.SimpleNamespace(store=store, reported=False)
+    diagnostics.publish_failure(failed, "RuntimeError: a failure of the new runtime")
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    dog.stop.set()
+    dog.join(5)
+    assert exits == [1]
+
+
+# ------------------------------------------------------------- finalize's errors are said, not hidden
+def test_finalize_at_exit_says_its_errors_on_stderr(monkeypatch, capsys):
+    """At exit finalize() must not raise into a clean exit, but its errors (a host lock that timed out, a module
+    that did not finalize) are said on stderr, not logged at debug level where nobody sees them."""
+    from tilescale import runtime
+    from tilescale.errors import TileScaleError
+
+    def fail():
+        raise TileScaleError("rank 0: tilescale.finalize(): waited 300 s for the host lock")
+
+    monkeypatch.setattr(runtime, "finalize", fail)
+    runtime._finalize_at_exit()
+    err = capsys.readouterr().err
+    assert "tilescale.finalize() at exit failed: TileScaleError: rank 0: tilescale.finalize(): waited 300 s" in err, err
+
+
+class _ModuleFinalize:
+    restype = None
+
+    def __init__(self, rc):
+        self.rc, self.calls = rc, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.rc
+
+
+def test_finalize_checks_each_modules_finalize_and_ends_the_teardown(monkeypatch):
+    """nvshmemx_cumodule_finalize's return code is checked: every module is finalized, NVSHMEM is shut down and the
+    runtime closed, then finalize() raises naming the kernel whose module failed and its code."""
+    from tilescale import heap, runtime
+    from tilescale.errors import TileScaleError
+
+    rt = fake_rt(0)
+    rt.info.world_size = 1
+    rt.info.shared_gpu = False
+    good, bad = _ModuleFinalize(0), _ModuleFinalize(-2)
+    rt.modules = {1: types.SimpleNamespace(tilescale_module_finalize=good),
+                  2: types.SimpleNamespace(tilescale_module_finalize=bad)}
+    rt.module_names = {1: "ring", 2: "gemm_rs_push"}
+    shut = []
+    rt.shim = types.SimpleNamespace(ts_finalize=lambda: shut.append(True))
+    rt.closed, rt.created_pg, rt.mpg_lock_holder = False, False, False
+    monkeypatch.setattr(runtime, "_RT", rt)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(heap, "free_all", lambda r: None)
+    with pytest.raises(TileScaleError) as e:
+        runtime.finalize()
+    assert "kernel 'gemm_rs_push' (rc -2)" in str(e.value) and "ring" not in str(e.value), str(e.value)
+    assert good.calls == bad.calls == 1 and shut == [True]
+    assert rt.closed and runtime._RT is None

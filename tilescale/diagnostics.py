@@ -33,7 +33,10 @@ _CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
 # Set while this rank reports an error of its own (runtime's excepthook): its watchdog then leaves it be.
 failing = threading.Event()
 _FMT = "<Q8iQQQQ"
-STORE_KEY = "tilescale/failed"   # "<rank>|<error>" for an error, "<rank>|wait|<record>" for a wait that gave up
+# The failure of a runtime generation is published under "tilescale/failed/<generation>" (failure_key):
+# "<rank>|<error>" for an error, "<rank>|wait|<record>" for a wait that gave up. Per generation, so that a
+# failure that a job caught (then finalize, init_distributed again) does not stop the ranks of its next runtime.
+STORE_KEY = "tilescale/failed"
 STOP_GRACE_S = 5.0               # a rank told of a wait that gave up elsewhere waits this long before it stops
 
 
@@ -73,19 +76,51 @@ def check(rt) -> None:
         raise WaitTimeoutError(describe(rec))
 
 
+def failure_key(generation: int) -> str:
+    """The store key of the failures of runtime generation `generation` (the same on every rank)."""
+    return f"{STORE_KEY}/{generation}"
+
+
+def publish(store, key: str, rank: int, what: str, *, wait: bool = False) -> None:
+    """Publish that `rank` failed (`what`: the error, or with `wait` the record of a wait that gave up) under `key`
+    in `store`, unless a failure is there already (the first report stays)."""
+    try:
+        if store is not None and not store.check([key]):
+            store.set(key, f"{rank}|wait|{what}" if wait else f"{rank}|{what}")
+    except Exception:  # noqa: BLE001  (store gone: the job is ending anyway)
+        pass
+
+
 def publish_failure(rt, what: str, *, wait: bool = False) -> None:
     """Tell every rank that this one failed (`what`: the error, or with `wait` the record of a wait that gave
-    up): the first report stays in the job's store (STORE_KEY's format)."""
-    me = rt.info.rank
+    up): the first report of this runtime generation stays in the job's store (STORE_KEY's format)."""
     dog = rt.watchdog
     if dog is not None:
         dog.reported = True
     try:
         store = dog.store if dog is not None else default_store()
-        if store is not None and not store.check([STORE_KEY]):
-            store.set(STORE_KEY, f"{me}|wait|{what}" if wait else f"{me}|{what}")
-    except Exception:  # noqa: BLE001  (store gone: the job is ending anyway)
-        pass
+    except Exception:  # noqa: BLE001  (no store: nobody to tell)
+        return
+    publish(store, failure_key(rt.generation), rt.info.rank, what, wait=wait)
+
+
+def stop_if_failed(store, key: str, me: int) -> None:
+    """If another rank than `me` published a failure under `key`, say so and end this process (after
+    STOP_GRACE_S for a wait that gave up, which that rank reports itself next; half a second for an error,
+    whose traceback it printed before publishing it). Nothing while this rank reports its own error
+    (``failing``), or when the store is gone."""
+    try:
+        if not store.check([key]) or failing.is_set():
+            return
+        who, msg, wait = parse_failure(store.get(key).decode())
+    except Exception:  # noqa: BLE001  (store gone: job is ending)
+        return
+    if who == me:
+        return
+    err = RemoteRankError(f"rank {who} failed: {msg}")
+    print(f"tilescale: rank {me} stops: {err}", file=sys.stderr, flush=True)
+    time.sleep(STOP_GRACE_S if wait else 0.5)
+    os._exit(1)
 
 
 def report_own_failure(rt, error: BaseException) -> None:
@@ -143,6 +178,7 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         me = self.rt.info.rank
+        key = failure_key(self.rt.generation)
         while not self.stop.wait(self.interval):
             rec = read_record(self.rt)
             if rec is not None and not self.reported:
@@ -152,15 +188,4 @@ class Watchdog(threading.Thread):
                 publish_failure(self.rt, msg, wait=True)
                 continue
             if self.store is not None and not self.reported:
-                try:
-                    if self.store.check([STORE_KEY]) and not failing.is_set():
-                        who, msg, wait = parse_failure(self.store.get(STORE_KEY).decode())
-                        if who != me:
-                            err = RemoteRankError(f"rank {who} failed: {msg}")
-                            print(f"tilescale: rank {me} stops: {err}", file=sys.stderr, flush=True)
-                            # A wait that gave up: that rank raises WaitTimeoutError next, on the host; an
-                            # error: its traceback was printed before it was published (runtime's excepthook).
-                            time.sleep(STOP_GRACE_S if wait else 0.5)
-                            os._exit(1)
-                except Exception:  # noqa: BLE001  (store gone: job is ending)
-                    pass
+                stop_if_failed(self.store, key, me)

@@ -15,17 +15,17 @@ from __future__ import annotations
 import atexit
 import ctypes
 import logging
+import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, shm_leftovers, toolchain
+from . import compat, diagnostics, heap, nvshmem_start, shm_leftovers, toolchain
 from .cache_files import build_once, private_dir
-from .env import check_node_size, settings
+from .env import MAX_SECONDS, check_node_size, settings
 from .errors import (
     AlreadyInitializedError,
     NotInitializedError,
@@ -36,6 +36,7 @@ from .errors import (
 from .kernel_build import compile_kernel, func_name
 from .mpg_lock import HostLock, first_on_host
 from .nvshmem_host import load_host_library
+from .placement import device_map, env_int, process_group_args  # noqa: F401  (runtime.device_map, ...)
 
 log = logging.getLogger("tilescale")
 
@@ -63,25 +64,6 @@ class DistInfo:
         if not self.node_devices or rank // L != self.rank // L:
             return False
         return self.node_devices[rank % L] == self.device
-
-
-def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> list[int]:
-    """The CUDA device of each local rank: one rank per GPU while there are enough GPUs; otherwise (the
-    shared-GPU mode, allowed up to `ranks_per_gpu` ranks per GPU) the ranks spread evenly over every GPU,
-    neighbours together: 4 ranks on 2 GPUs -> [0, 0, 1, 1]; 3 ranks on 2 GPUs -> [0, 0, 1]."""
-    if local_world_size < 1:
-        raise TileScaleError(f"local world size {local_world_size}: expected at least 1 rank")
-    if num_gpus < 1:
-        raise TileScaleError(f"{local_world_size} rank(s) on this node but no visible GPU")
-    if local_world_size <= num_gpus:
-        return list(range(local_world_size))
-    need = -(-local_world_size // num_gpus)   # ceil: the most ranks that one GPU must hold
-    if need > ranks_per_gpu:
-        raise TileScaleError(
-            f"{local_world_size} ranks on this node but only {num_gpus} visible GPU(s): start at most {num_gpus} "
-            f"processes per node (GPUS={num_gpus} bash launch.sh ...), or share GPUs for development and testing "
-            f"with TILESCALE_RANKS_PER_GPU={need} (correct, but timings mean nothing)")
-    return [r * num_gpus // local_world_size for r in range(local_world_size)]
 
 
 def _shim_path(install) -> Path:
@@ -139,7 +121,7 @@ _GENERATION = 0
 class Runtime:
     """Process-wide state after init_distributed()."""
 
-    def __init__(self, info: DistInfo, install, shim, ctrl_group, created_pg: bool):
+    def __init__(self, info: DistInfo, install, shim, ctrl_group, created_pg: bool, generation: int):
         import torch
 
         self.info = info
@@ -148,14 +130,14 @@ class Runtime:
         self.ctrl_group = ctrl_group
         self.created_pg = created_pg
         self.device = torch.device("cuda", info.device)
-        global _GENERATION
-        _GENERATION += 1
-        self.generation = _GENERATION   # the same on every rank: each inits as often (finalize's store keys)
+        # the same on every rank (each starts as often): the runtime's keys in the job's store (failures, finalize)
+        self.generation = generation
         # Record written by a device-side wait that times out: pinned host memory is addressable from
         # the GPU (UVA) and stays readable after the kernel traps.
         self.wait_diag = torch.zeros(128, dtype=torch.uint8, pin_memory=True)
         self.watchdog = None
         self.modules: dict[int, ctypes.CDLL] = {}   # id(ctypes lib) -> the module, once initialised
+        self.module_names: dict[int, str] = {}      # id(ctypes lib) -> the kernel it was initialised for
         self.closed = False
         self.mpg_lock_holder = False   # holds tilescale.mpg_lock's host lock while NVSHMEM starts / stops
         # world_size + 1 symmetric words behind every barrier of tilescale (ops.cuh: barrier_one_thread)
@@ -224,19 +206,6 @@ def current() -> Runtime:
     return _RT
 
 
-def _env_int(name: str, default: int | None = None) -> int:
-    v = os.environ.get(name)
-    if v is None:
-        if default is None:
-            raise TileScaleError(f"environment variable {name} is not set: start the job with "
-                                 "`bash launch.sh your_script.py` or torchrun")
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise TileScaleError(f"{name}={v!r}: expected an integer") from None
-
-
 def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
     """Start torch.distributed (if not started) and NVSHMEM on every rank; set this rank's CUDA device.
 
@@ -260,10 +229,13 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")  # tilescale does not use NVLink multicast
         install = find_nvshmem()
-        rank = _env_int("RANK", 0 if not dist.is_initialized() else dist.get_rank())
-        world = _env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
-        local_rank = _env_int("LOCAL_RANK", rank)
-        local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        rank = env_int("RANK", 0 if not dist.is_initialized() else dist.get_rank())
+        world = env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
+        local_rank = env_int("LOCAL_RANK", rank)
+        local_world = env_int("LOCAL_WORLD_SIZE", world)
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_SECONDS):
+            raise TileScaleError(f"tilescale.init_distributed(timeout_s={timeout_s!r}): expected a number of seconds "
+                                 f"above 0 and at most {MAX_SECONDS:.0f} (a week)")
         if settings.node_size:  # emulated nodes must divide the world: checked first, every rank raises alike
             check_node_size(settings.node_size, world)
         if not torch.cuda.is_available():
@@ -296,18 +268,16 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         shim = load_shim(install)
         holder = shared and first_on_host(rank, ctrl)
-        if holder:  # before the unique id goes out: no rank of this host starts NVSHMEM first
-            _mpg_lock.acquire(timeout_s, f"rank {rank}: tilescale.init_distributed()")
-        try:
-            _start_nvshmem(shim, install, rank, world, ctrl)
-        finally:
-            _mpg_lock.release()  # every PE of this host has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
+        global _GENERATION
+        _GENERATION += 1     # this start's: a failure published before it (a caught one) stops none of its ranks
+        nvshmem_start.start(shim, install, rank, world, ctrl, timeout_s=timeout_s, generation=_GENERATION,
+                            shared=shared, holder=holder, lock=_mpg_lock)
         info = DistInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                         device=device, shared_gpu=shared, node_devices=tuple(devices))
         if shared:
             log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
                      "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)
-        _RT = Runtime(info, install, shim, ctrl, created)
+        _RT = Runtime(info, install, shim, ctrl, created, _GENERATION)
         _RT.mpg_lock_holder = holder
         if not _RT.barrier_words:
             _RT = None
@@ -318,42 +288,6 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         _RT.watchdog.start()
         _register_exit()
         return info
-
-
-def _start_nvshmem(shim, install, rank: int, world: int, ctrl) -> None:
-    """NVSHMEM's start on this rank: rank 0's unique id, broadcast over `ctrl`, then ``nvshmemx_init_attr``."""
-    import torch.distributed as dist
-
-    n = shim.ts_uid_size()
-    obj = [None]
-    if rank == 0:
-        buf = ctypes.create_string_buffer(n)
-        rc = shim.ts_get_uid(buf)
-        if rc != 0:
-            raise TileScaleError(f"nvshmemx_get_uniqueid failed (rc={rc})")
-        obj = [buf.raw]
-    dist.broadcast_object_list(obj, src=0, group=ctrl)
-    uid = ctypes.create_string_buffer(obj[0], n)
-    t0 = time.time()
-    rc = shim.ts_init_uid(rank, world, uid)
-    if rc != 0:
-        raise TileScaleError(f"NVSHMEM initialisation failed on rank {rank} (rc={rc}); NVSHMEM {install.version} "
-                             f"from {install.root}. Set NVSHMEM_DEBUG=INFO for details; "
-                             "`python -m tilescale doctor` checks the setup")
-    if shim.ts_n_pes() != world or shim.ts_my_pe() != rank:
-        raise TileScaleError(f"NVSHMEM reports PE {shim.ts_my_pe()} of {shim.ts_n_pes()}, expected {rank} of "
-                             f"{world}")
-    log.info("NVSHMEM %s initialised on rank %d/%d in %.2f s", install.version, rank, world, time.time() - t0)
-
-
-def process_group_args(shared_gpu: bool, device: int) -> dict:
-    """How init_distributed starts torch.distributed: gloo for CPU tensors and NCCL for CUDA tensors, or gloo
-    alone when GPUs are shared (NCCL refuses two ranks on one GPU: "Duplicate GPU detected")."""
-    import torch
-
-    if shared_gpu:
-        return {"backend": "gloo"}
-    return {"backend": "cpu:gloo,cuda:nccl", "device_id": torch.device("cuda", device)}
 
 
 def shares_gpu() -> bool:
@@ -437,12 +371,14 @@ def _late_to_finalize(rt: Runtime) -> list[int]:
 
 
 def _finalize_at_exit() -> None:
+    """finalize() at the end of the process: its errors are said on stderr (a host lock that timed out, a module
+    that did not finalize, the other ranks that never joined), never raised into a clean exit."""
     try:
         finalize()
     except WaitTimeoutError as e:   # the other ranks never joined: say so (they are told through the store)
         print(f"tilescale: {e}", file=sys.stderr, flush=True)
     except Exception as e:  # noqa: BLE001  (never turn a clean exit into a traceback)
-        log.debug("tilescale finalize at exit: %s", e)
+        print(f"tilescale: tilescale.finalize() at exit failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def finalize() -> None:
@@ -488,12 +424,7 @@ def _teardown(rt: Runtime) -> None:
     heap.free_all(rt)
     for hook in _at_finalize:   # e.g. the ops' caches, whose ops point into the heap just freed
         hook()
-    for lib in rt.modules.values():
-        fin = getattr(lib, "tilescale_module_finalize", None)
-        if fin is not None:
-            fin.restype = ctypes.c_int
-            fin()
-    rt.modules.clear()
+    failed = finalize_modules(rt)
     rt.shim.ts_finalize()
     if rt.info.shared_gpu:   # NVSHMEM's inter-process event files (tilescale/shm_leftovers.py)
         shm_leftovers.remove_own()
@@ -501,6 +432,24 @@ def _teardown(rt: Runtime) -> None:
     if rt.created_pg and dist.is_initialized():
         dist.destroy_process_group()
     _RT = None
+    if failed:   # after the rest of the teardown, which does not depend on them
+        raise TileScaleError(f"rank {rt.info.rank}: tilescale.finalize(): NVSHMEM's per-module finalize "
+                             f"(nvshmemx_cumodule_finalize) failed for {'; '.join(failed)}")
+
+
+def finalize_modules(rt: Runtime) -> list[str]:
+    """Finalize the NVSHMEM state of every module initialised in `rt` (all of them, whatever one returns); the
+    failures, as "kernel 'name' (rc N)" (empty when every one returned 0)."""
+    failed = []
+    for key, lib in rt.modules.items():
+        fin = getattr(lib, "tilescale_module_finalize", None)
+        if fin is not None:
+            fin.restype = ctypes.c_int
+            rc = fin()
+            if rc != 0:
+                failed.append(f"kernel '{rt.module_names.get(key, '?')}' (rc {rc})")
+    rt.modules.clear()
+    return failed
 
 
 def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
@@ -522,3 +471,4 @@ def init_module(lib: ctypes.CDLL, kernel_name: str) -> None:
             rc, "NVSHMEM module init failed (version mismatch between headers and host library?)")
         raise TileScaleError(f"kernel '{kernel_name}': per-module NVSHMEM init returned {rc}: {meaning}")
     rt.modules[key] = lib
+    rt.module_names[key] = kernel_name
