@@ -95,6 +95,7 @@ cmd=("$PY" -m torch.distributed.run --nproc_per_node="$GPUS" "${rdzv[@]}" "$@")
 # LAUNCH_SH_JOB_ID in its environment instead (ranks and what they start, also once reparented).
 JOB_ID="$$-$RANDOM$RANDOM"
 MPS_DIR=""
+JOB_DIR=""   # shared-GPU mode: each rank records its pid here (TILESCALE_JOB_DIR), for clean_shm
 job_pids() { grep -lzx "LAUNCH_SH_JOB_ID=$JOB_ID" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
 end_job() {  # TERM every process of the job; KILL what is left after 10 s
   local pids i
@@ -120,9 +121,11 @@ stop_mps() {  # only the daemon this launch started
   rm -rf "$MPS_DIR"
   MPS_DIR=""
 }
-clean_shm() {  # the CUDA inter-process event files of this job's ended ranks (shared-GPU mode; tilescale/shm_leftovers.py)
-  [ "$SHARED" = 1 ] || return 0
-  timeout 20 "$PY" -m tilescale.shm_leftovers >&2 || true
+clean_shm() {  # the CUDA inter-process event files of this job's own ended ranks (shared-GPU mode; tilescale/shm_leftovers.py)
+  [ "$SHARED" = 1 ] && [ -n "$JOB_DIR" ] || return 0
+  timeout 20 "$PY" -m tilescale.shm_leftovers --job-dir "$JOB_DIR" >&2 || true
+  rm -rf "$JOB_DIR"
+  JOB_DIR=""
 }
 cleanup() { end_job; stop_mps; clean_shm; }
 # Traps first: a signal that arrives while the job starts still ends it.
@@ -149,6 +152,11 @@ if [ "${TILESCALE_MPS:-0}" = 1 ] && [ "$SHARED" = 1 ]; then
     fi
     echo "launch.sh: started the MPS daemon for this job (CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY); stopped when it ends"
   fi
+fi
+
+if [ "$SHARED" = 1 ]; then
+  JOB_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tilescale-job.XXXXXX") || exit 2
+  export TILESCALE_JOB_DIR="$JOB_DIR"
 fi
 
 echo "+ ${cmd[*]}"

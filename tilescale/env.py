@@ -10,8 +10,8 @@ environment at any point before the call that needs it. ``python -m tilescale en
         ...
 
 A setting is a typed descriptor on :class:`Settings` (``Flag``, ``Seconds``, ``Choice``, ``Text``, ``PathSetting``,
-``Count``): its class parses the variable and names it in every error. Below them, the NVSHMEM / CUDA / launcher
-variables that tilescale reads or checks (``RELATED_ENV``) and NVSHMEM's size syntax.
+``OptionalPath``, ``Count``): its class parses the variable and names it in every error. Below them, the NVSHMEM /
+CUDA / launcher variables that tilescale reads or checks (``RELATED_ENV``) and NVSHMEM's size syntax.
 """
 from __future__ import annotations
 
@@ -163,6 +163,13 @@ class PathSetting(Text):
         return Path(value).expanduser()
 
 
+class OptionalPath(Text):
+    """Text in the environment; a Path (``~`` expanded) as a setting, or None when unset or empty."""
+
+    def typed(self, value: str) -> Path | None:
+        return Path(value).expanduser() if value.strip() else None
+
+
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return str(Path(base) / "tilescale")
@@ -214,6 +221,11 @@ class Settings:
         "TILESCALE_MPS", False,
         "launch.sh starts the CUDA MPS daemon for the job (shared-GPU mode: ranks' kernels then run side by side "
         "instead of time-slicing) when none runs, and stops it after", per_run=True)
+    job_dir = OptionalPath(
+        "TILESCALE_JOB_DIR", "",
+        "set by launch.sh in the shared-GPU mode: its private directory where each rank records its pid before "
+        "NVSHMEM starts, so that launch.sh removes the /dev/shm files of its own ranks that were killed (and no "
+        "other process's)", per_run=True)
     skip_doctor = Flag(
         "TILESCALE_SKIP_DOCTOR", False, "launch.sh skips its pre-flight check (python -m tilescale doctor)",
         per_run=True)

@@ -268,6 +268,8 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         shim = load_shim(install)
         holder = shared and first_on_host(rank, ctrl)
+        if shared:   # before NVSHMEM makes its /dev/shm files: launch.sh removes them if this rank is killed
+            shm_leftovers.record_rank()
         global _GENERATION
         _GENERATION += 1     # this start's: a failure published before it (a caught one) stops none of its ranks
         nvshmem_start.start(shim, install, rank, world, ctrl, timeout_s=timeout_s, generation=_GENERATION,
