@@ -187,14 +187,16 @@ def _fake_gpus(tmp_path, n: int, name: str = "python") -> Path:
 
 def test_more_ranks_than_gpus_without_the_setting_is_an_error(tmp_path):
     py = _fake_gpus(tmp_path, 1)
+    x = tmp_path / "x.py"
+    x.write_text("")
     e = {k: v for k, v in os.environ.items() if k != "TILESCALE_RANKS_PER_GPU"}
     e.update(PYTHON=str(py), GPUS="4", TILESCALE_SKIP_DOCTOR="1")
-    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    r = subprocess.run(["bash", str(LAUNCH), str(x)], capture_output=True, text=True, timeout=60, env=e)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "GPUS=4 but this node has only 1 visible GPU(s)" in r.stderr, r.stderr
     assert "TILESCALE_RANKS_PER_GPU=4" in r.stderr, r.stderr               # names the way out
     e["TILESCALE_RANKS_PER_GPU"] = "3"                                      # 4 ranks do not fit 3 per GPU
-    r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
+    r = subprocess.run(["bash", str(LAUNCH), str(x)], capture_output=True, text=True, timeout=60, env=e)
     assert r.returncode == 2 and "TILESCALE_RANKS_PER_GPU=4" in r.stderr, r.stdout + r.stderr
 
 
@@ -316,3 +318,129 @@ def test_several_nodes_need_a_port(tmp_path):
     e.update(NNODES="2", GPUS="1")
     r = subprocess.run(["bash", str(LAUNCH), "x.py"], capture_output=True, text=True, timeout=60, env=e)
     assert r.returncode == 2 and "NNODES=2: set PORT" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------ arguments, the compile-only run, MPS's end
+def test_help_prints_the_settings_and_runs_nothing(tmp_path):
+    """--help is launch.sh's own: its usage and settings, exit 0; not handed to Python (which then said "needs 4
+    GPUs")."""
+    py = tmp_path / "python"
+    py.write_text("#!/usr/bin/env bash\necho CALLED >> " + str(tmp_path / "calls") + "\nexit 1\n")
+    py.chmod(0o755)
+    for arg in ("--help", "-h"):
+        r = subprocess.run(["bash", str(LAUNCH), arg], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHON": str(py)})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "GPUS=4 bash launch.sh" in r.stdout and "TILESCALE_RANKS_PER_GPU" in r.stdout, r.stdout
+        assert "found 0" not in r.stdout + r.stderr and "compiling" not in r.stdout
+    assert not (tmp_path / "calls").exists(), "launch.sh ran the interpreter for --help"
+
+
+def test_a_missing_script_is_named_before_anything_runs(tmp_path):
+    py = tmp_path / "python"
+    py.write_text("#!/usr/bin/env bash\necho CALLED >> " + str(tmp_path / "calls") + "\nexit 1\n")
+    py.chmod(0o755)
+    r = subprocess.run(["bash", str(LAUNCH), str(tmp_path / "nope.py")], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHON": str(py), "GPUS": "2"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"launch.sh: {tmp_path / 'nope.py'}: no such file" in r.stderr, r.stderr
+    assert "compiling" not in r.stdout + r.stderr
+    assert not (tmp_path / "calls").exists(), "launch.sh ran the interpreter for a script that does not exist"
+
+
+COMPILING = r"""
+import os, subprocess, sys, tempfile
+# stands for a compile-only run: tilelang writes its source to TMPDIR and runs nvcc, which takes a while
+src = tempfile.NamedTemporaryFile(suffix=".cu", delete=False)
+child = subprocess.Popen(["sleep", "300"])
+print(f"COMPILING pid={os.getpid()} child={child.pid} tmp={src.name}", flush=True)
+child.wait()
+"""
+
+
+def test_sigterm_during_the_compile_only_run_ends_it_and_leaves_no_temporaries(tmp_path):
+    """On a machine without GPUs launch.sh compiles instead of running: SIGTERM then ends the compile and what it
+    started (not left running under PID 1), launch.sh exits 143 and the compile's temporaries are gone."""
+    import jobs
+
+    py = _fake_gpus(tmp_path, 0)
+    script = tmp_path / "compiling.py"
+    script.write_text(COMPILING)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    e = {**os.environ, "PYTHON": str(py), "GPUS": "2", "TMPDIR": str(tmp)}
+    p = subprocess.Popen(["bash", str(LAUNCH), str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=e, start_new_session=True)
+    try:
+        line = ""
+        for line in p.stdout:
+            if line.startswith("COMPILING"):
+                break
+        m = re.search(r"pid=(\d+) child=(\d+) tmp=(\S+)", line)
+        assert m, line
+        pid, child, made = int(m.group(1)), int(m.group(2)), Path(m.group(3))
+        assert made.exists() and made.is_relative_to(tmp), made
+        os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    left = [q for q in (pid, child) if jobs.alive(q)]
+    for q in left:
+        os.kill(q, signal.SIGKILL)
+    assert rc == 143, rc
+    assert not left, f"the compile (or what it started) outlived launch.sh: {left}"
+    assert not made.exists() and list(tmp.iterdir()) == [], sorted(tmp.rglob("*"))
+
+
+FAKE_MPS_STUCK = r"""#!/usr/bin/env bash
+# a stand-in for nvidia-cuda-mps-control: `-d` starts a "daemon" that logs, and does not stop on `quit`
+log={log}
+if [ "${{1:-}}" = -d ]; then
+  [ -n "${{FAIL_START:-}}" ] && {{ echo "cannot start" > "$CUDA_MPS_LOG_DIRECTORY/control.log"; exit 1; }}
+  echo "daemon up" > "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  (exec -a "nvidia-cuda-mps-control -d" sleep 300) </dev/null >/dev/null 2>&1 &
+  exit 0
+fi
+read -r cmd
+echo "$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+exit 0
+"""
+
+
+@pytest.mark.skipif(bool(_mps_daemons()), reason="an MPS daemon (or a stand-in) already runs on this machine")
+@pytest.mark.parametrize("fail", ["stop", "start"])
+def test_mps_log_is_kept_when_its_start_or_stop_fails(tmp_path, fail):
+    """A daemon that does not start, or that does not stop on quit: launch.sh says so and keeps its log (it removed
+    it, while pointing to it); a daemon of its own that outlives quit is stopped by pid, not by name."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-cuda-mps-control"
+    fake.write_text(FAKE_MPS_STUCK.format(log=tmp_path / "mps.log"))
+    fake.chmod(0o755)
+    extra = {"TILESCALE_RANKS_PER_GPU": "2", "TILESCALE_MPS": "1"}
+    if fail == "start":
+        extra["FAIL_START"] = "1"
+    # another user's MPS server on the host (not this job's: no pipe directory of it): neither waited for nor stopped
+    foreign = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-server sleep 300"],
+                               env={k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS")})
+    try:
+        r = _run_shared(tmp_path, 1, 2, extra, path_dir=bin_dir)
+        assert foreign.poll() is None and str(foreign.pid) not in r.stderr, r.stderr
+        out = r.stdout + r.stderr
+        (mps_dir,) = tmp_path.glob("tilescale-mps.*")
+        logs = sorted((mps_dir / "log").iterdir())
+        assert logs and f"kept in {mps_dir}/log" in r.stderr, out
+        if fail == "start":
+            assert r.returncode == 2 and "could not start the MPS daemon" in r.stderr, out
+            assert (mps_dir / "log" / "control.log").read_text() == "cannot start\n"
+        else:
+            assert r.returncode == 0, out
+            assert "did not stop on quit" in r.stderr, out
+            assert not _mps_daemons(), "the daemon launch.sh started is still running"
+    finally:
+        foreign.kill()
+        foreign.wait(10)
+        for pid in _mps_daemons():
+            os.kill(int(pid), signal.SIGKILL)

@@ -136,5 +136,5 @@ def test_launch_sh_removes_the_files_of_its_own_ranks_only(tmp_path):
 
 def test_launch_sh_passes_its_job_directory_in_shared_mode_only():
     text = LAUNCH.read_text()
-    assert "cleanup() { end_job; stop_mps; clean_shm; }" in text
+    assert "cleanup() { end_job; stop_mps; clean_shm; clean_tmp; }" in text
     assert '-m tilescale.shm_leftovers --job-dir "$JOB_DIR"' in text and 'export TILESCALE_JOB_DIR="$JOB_DIR"' in text
