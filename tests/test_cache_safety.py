@@ -549,3 +549,36 @@ def test_bounded_nvcc_leaves_tilelang_unpatched():
     with toolchain.bounded_nvcc("nothing"):
         assert libgen.subprocess is real
     assert libgen.subprocess is real
+
+
+@pytest.mark.parametrize("mode, refused", [(0o777, True), (0o1777, False), (0o755, False)])
+def test_directories_above_a_cache_root_are_checked(caches, tmp_path, mode, refused):
+    """Whoever can write a directory above the cache can rename the cache away and put their own in its place
+    between a check and a load: refused when it is writable by all users without the sticky bit (a sticky /tmp-like
+    directory protects what is ours in it)."""
+    from tilescale.cache_files import UnsafeCacheDirError, private_dir
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(mode)
+    root = parent / "cache"
+    if refused:
+        with pytest.raises(UnsafeCacheDirError, match=rf"the directory {parent} above it is writable by all users "
+                                                      r"without the sticky bit \(mode 0777\)"):
+            private_dir(root / "runtime", root=root)
+        assert not root.exists(), "created below an unsafe parent"
+    else:
+        assert private_dir(root / "runtime", root=root) == root / "runtime"
+
+
+def test_a_directory_above_a_cache_root_owned_by_another_user_is_refused(caches, tmp_path):
+    from tilescale.cache_files import UnsafeCacheDirError, private_dir
+
+    if os.geteuid() != 0:
+        pytest.skip("making a directory of another user needs root")
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, FOREIGN_UID, -1)
+    (parent / "cache").mkdir(mode=0o700)     # ours, in their directory: they can swap it
+    with pytest.raises(UnsafeCacheDirError, match=rf"the directory {parent} above it is owned by uid {FOREIGN_UID}"):
+        private_dir(parent / "cache")

@@ -576,3 +576,30 @@ def test_troubleshooting_markdown_covers_every_check(capsys):
     assert capsys.readouterr().out == md
     # the README's section is this text (regenerate it with `python -m tilescale doctor --markdown`)
     assert md in (REPO / "README.md").read_text(), "README.md's Troubleshooting section is not the doctor's"
+
+
+@pytest.mark.parametrize("case", ["world-writable", "below a world-writable parent", "another user's"])
+def test_cache_dirs_runs_the_caches_own_checks(monkeypatch, tmp_path, case):
+    """A cache directory that every rank would refuse (UnsafeCacheDirError at its first build or load) is a FAIL
+    of the doctor, not ok because a file can be written there."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if case == "world-writable":
+        cache = shared
+        shared.chmod(0o777)
+    elif case == "below a world-writable parent":
+        shared.chmod(0o777)             # no sticky bit: anyone can rename the cache below it away
+        cache = shared / "ts"
+        cache.mkdir(mode=0o700)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a directory of another user needs root")
+        cache = shared
+        os.chown(shared, 12345, -1)
+    monkeypatch.setenv("TILESCALE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
+    monkeypatch.delenv("TILESCALE_PLAN_DIR", raising=False)
+    c = doctor.check_cache_dirs(doctor.Context())
+    assert c.status == "FAIL", c
+    assert f"TILESCALE_CACHE_DIR {cache} cannot be used: refusing to use the cache directory" in c.found, c.found
+    assert c.fix.startswith("export TILESCALE_CACHE_DIR=") and "TILELANG_CACHE_DIR" not in c.fix, c.fix

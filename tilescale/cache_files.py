@@ -12,7 +12,10 @@ A record beside a file proves nothing against someone who can write the director
 so every cache directory tilescale uses (its own, the plan cache, and tilelang's kernel cache, from its
 root down) must be owned by the current user and writable by nobody else: :func:`private_dir` creates
 missing ones mode 0700 and refuses, with :class:`UnsafeCacheDirError`, to load from or write into one
-that is not. Files are created 0600 (libraries 0700).
+that is not. Above a cache root, whoever can write a directory can rename the cache away and put their own
+in its place between a check and a load: every directory above it must be owned by the current user or
+root, and not writable by all users unless sticky (``/tmp``: others cannot rename what is ours there).
+Files are created 0600 (libraries 0700).
 """
 from __future__ import annotations
 
@@ -105,6 +108,33 @@ def _check_dir(d: Path, var: str | None) -> None:
         raise _unsafe(d, st, var)
 
 
+def _check_above(root: Path, var: str | None) -> None:
+    """Raise :class:`UnsafeCacheDirError` if a directory above `root` (the existing ones, symbolic links
+    resolved) is owned by another user than the current one and root, or writable by all users without the
+    sticky bit: its writers could replace the whole cache (module docstring)."""
+    uid = os.geteuid()
+    above = {a for p in (Path(os.path.abspath(root)), Path(os.path.realpath(root))) for a in p.parents}
+    for d in sorted(above, key=lambda a: len(a.parts)):   # the path as given and as resolved
+        try:
+            st = os.stat(d)
+        except OSError:
+            st = None
+        if st is not None:
+            if st.st_uid not in (0, uid):
+                problem = f"owned by {_user(st.st_uid)}"
+            elif st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+                problem = f"writable by all users without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+            else:
+                problem = None
+            if problem:
+                choose = (f"export {var}=<a directory of yours, e.g. under your home directory>" if var
+                          else "set TILESCALE_CACHE_DIR / TILELANG_CACHE_DIR to a directory of yours")
+                raise UnsafeCacheDirError(
+                    f"refusing to use the cache directory {root}: the directory {d} above it is {problem}, so "
+                    f"others can rename {root} away and put their own in its place, whose libraries tilescale would "
+                    f"load. Fix: a cache whose parents only you and root can write ({choose}).")
+
+
 def private_dir(path: Path | str, root: Path | str | None = None) -> Path:
     """`path`, a directory safe to load from and write into: every directory from its cache root (the
     tilescale, plan or tilelang cache that holds it; `root` if given; else `path` alone) down to it is
@@ -120,6 +150,7 @@ def private_dir(path: Path | str, root: Path | str | None = None) -> Path:
             root = path
     else:
         root, var = _root_of(path)
+    _check_above(root, var)
     parts = path.relative_to(root).parts
     chain = [root, *[root.joinpath(*parts[:i + 1]) for i in range(len(parts))]]
     for i, d in enumerate(chain):

@@ -1,9 +1,6 @@
 """Checks of what building and loading kernels needs: writable caches, nvcc, tilelang, the CUDA driver."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from .. import toolchain
 from ..env import settings
 from . import probes
@@ -14,26 +11,39 @@ TILELANG_PIN = "0.1.15"
 
 
 @check('cache-dirs',
-       what="the tilescale and tilelang cache directories are writable",
-       symptom="`PermissionError` / `Read-only file system` while building the runtime shim or a kernel.",
-       fix="`export TILESCALE_CACHE_DIR=<writable dir>` and/or `export TILELANG_CACHE_DIR=<writable dir>`.")
+       what="the tilescale, plan and tilelang cache directories are private (owned by you, writable by nobody else, "
+            "below directories only you and root can write) and writable",
+       symptom="`UnsafeCacheDirError: refusing to use the cache directory ...` on every rank, or `PermissionError` / "
+               "`Read-only file system` while building the runtime shim or a kernel.",
+       fix="`export TILESCALE_CACHE_DIR=<a directory of yours>` and/or `export TILELANG_CACHE_DIR=<a directory of "
+           "yours>` (e.g. under `~/.cache`).")
 def check_cache_dirs(ctx: Context) -> Check:
+    from ..cache_files import UnsafeCacheDirError, private_dir, tilelang_cache_dir
+
     try:
-        ts_dir = settings.cache_dir
+        roots = [("TILESCALE_CACHE_DIR", settings.cache_dir)]
+        if settings.plan_dir != settings.cache_dir:
+            roots.append(("TILESCALE_PLAN_DIR", settings.plan_dir))
     except ValueError as e:
         return fail(str(e), "unset TILESCALE_CACHE_DIR")
-    tl_dir = Path(os.environ.get("TILELANG_CACHE_DIR") or os.path.expanduser("~/.tilelang/cache")).expanduser()
+    roots.append(("TILELANG_CACHE_DIR", tilelang_cache_dir()))
     bad, good, fixes = [], [], []
-    for var, d in (("TILESCALE_CACHE_DIR", ts_dir), ("TILELANG_CACHE_DIR", tl_dir)):
-        why = probes.try_write(d)
+    for var, d in roots:
+        try:   # the checks every load and build runs (created 0700 if missing, as a build would)
+            private_dir(d)
+            why = probes.try_write(d)
+        except UnsafeCacheDirError as e:
+            why = str(e)
+        except OSError as e:
+            why = f"{e.strerror or e}" + (f" ({e.filename})" if getattr(e, "filename", None) else "")
         if why is None:
             good.append(f"{var.split('_')[0].lower()} {d}")
         else:
-            bad.append(f"{var} {d} is not writable: {why}")
+            bad.append(f"{var} {d} cannot be used: {why}")
             fixes.append(f"export {var}={probes.own_cache_dir(var.split('_')[0].lower(), d)}")
     if bad:
         return fail("; ".join(bad), "; ".join(fixes))
-    return ok("writable: " + ", ".join(good))
+    return ok("private and writable: " + ", ".join(good))
 
 
 @check('nvcc',
