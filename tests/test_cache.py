@@ -1,8 +1,10 @@
 """The kernel cache across processes, concurrent builds into one cache, and corrupted cache entries.
 
 Every case uses fresh cache directories (TILELANG_CACHE_DIR, TILESCALE_CACHE_DIR) and a fresh TMPDIR
-per process: tilelang writes the .cu it hands to nvcc there, so an empty TMPDIR means nvcc did not run.
-The ring kernel has no dynamic shared memory, so tilelang's load step works without a GPU."""
+per process. Each process notes every library build of tilelang (``LibraryGenerator.compile_lib``, nvcc) in
+``<TMPDIR>.nvcc``, so an absent note means nvcc did not run; its TMPDIR is empty once the build is done (tilescale
+removes tilelang's temporaries). The ring kernel has no dynamic shared memory, so tilelang's load step works
+without a GPU."""
 from __future__ import annotations
 
 import json
@@ -20,6 +22,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPILE = r"""
 import json, os, sys, time
 sys.path.insert(0, os.path.join(os.getcwd(), "examples", "distributed"))
+from tilelang.jit.adapter.libgen import LibraryGenerator
+_compile_lib = LibraryGenerator.compile_lib
+
+def _noted(self, *a, **k):   # the test's note of an nvcc run (module docstring)
+    with open(os.environ["TMPDIR"] + ".nvcc", "a") as f:
+        f.write("compile_lib\n")
+    return _compile_lib(self, *a, **k)
+
+LibraryGenerator.compile_lib = _noted
 import tilescale
 from example_ring_put import ring_put_kernel
 
@@ -79,7 +90,9 @@ def _kernel_entries(tmp: Path) -> list[Path]:
 
 
 def _cu_files(env: dict) -> list[str]:
-    return sorted(p.name for p in Path(env["TMPDIR"]).rglob("*.cu"))
+    """The library builds (nvcc runs) of the process of `env` (module docstring); none: it hit the cache."""
+    note = Path(env["TMPDIR"] + ".nvcc")
+    return note.read_text().split() if note.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +153,8 @@ def test_wait_timeout_and_build_mode_are_part_of_the_key(cold, tmp_path):
 
 def test_four_processes_compile_one_kernel_at_once(cold):
     tmp_path, envs, results = cold
+    for e in envs:   # the one that built it too: tilelang's tmp*.cu and tmp*.so were removed
+        assert list(Path(e["TMPDIR"]).iterdir()) == [], sorted(Path(e["TMPDIR"]).iterdir())
     assert all(r["source_ok"] and r["mode"] == "inlined" for r in results)
     # they took turns (tilescale.compile's lock): one ran nvcc, the other three loaded its cache entry
     compiled = [e["TMPDIR"] for e in envs if _cu_files(e)]

@@ -384,8 +384,41 @@ def test_kernel_builds_time_out(tmp_path):
     time.sleep(0.2)
     assert not any(_alive(int(p)) for p in pids.read_text().split())
     assert res["tmpdir_after_build"] == [], res["tmpdir_after_build"]
-    # (tilescale.compile goes through tilelang's JIT, which keeps the .cu it compiled in TMPDIR)
-    assert sorted(p.name for p in Path(e["TMPDIR"]).rglob("*.so")) == []
+    assert list(Path(e["TMPDIR"]).iterdir()) == [], sorted(Path(e["TMPDIR"]).iterdir())   # the JIT build's too
+
+
+# ----------------------------------------------------------------------------- the JIT build's temporaries
+JIT_BUILD = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "examples", "distributed"))
+import tilescale
+from example_ring_put import ring_put_kernel
+out = {}
+k = tilescale.compile(ring_put_kernel.get_tir(32, 128, 2))
+out["built"] = k.get_kernel_source().startswith("#include <tilescale/tilescale.cuh>")
+out["after_build"] = sorted(os.listdir(os.environ["TMPDIR"]))
+try:
+    tilescale.compile(ring_put_kernel.get_tir(32, 256, 2), compile_flags=["--no-such-nvcc-option"])
+    out["failed"] = None
+except Exception as e:
+    out["failed"] = type(e).__name__
+out["after_failure"] = sorted(os.listdir(os.environ["TMPDIR"]))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_jit_builds_of_distributed_kernels_leave_nothing_in_tmpdir(tmp_path):
+    """tilescale.compile of a distributed kernel (tilelang's JIT, then its cache): the tmp*.cu source and the tmp*.so
+    library (over a megabyte) that tilelang's build writes to TMPDIR are removed once the library is loaded, and
+    after a build that nvcc refused."""
+    e = _env(tmp_path)
+    r, _ = _py(JIT_BUILD, e)
+    assert r.returncode == 0, r.stdout[-6000:]
+    res = _result(r)
+    assert res["built"], res
+    assert res["after_build"] == [], f"the build left {res['after_build']} in TMPDIR"
+    assert res["failed"] == "BuildError", (res, r.stdout[-3000:])
+    assert res["after_failure"] == [], f"the failed build left {res['after_failure']} in TMPDIR"
 
 
 # ----------------------------------------------------------------------------- compile-only builds

@@ -7,9 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +16,14 @@ from .arch import default_target
 from .backend import BackendSpec, resolve_backend, split_pass_configs
 from .cache_files import build_once, private_dir, record_path, why_invalid, write_atomically
 from .env import settings
-from .kernel_build import as_flag_list, explain_build_errors, func_name, prepare_distributed, with_stub_libcuda
+from .kernel_build import (
+    as_flag_list,
+    explain_build_errors,
+    failed_compile_files,
+    func_name,
+    prepare_distributed,
+    with_stub_libcuda,
+)
 from .toolchain import bounded_nvcc, nvcc_version_tag
 from .version import __version__
 
@@ -105,25 +110,13 @@ def _build_library(func, spec: BackendSpec, tgt, cfg: dict, flags: list, verbose
                 g.compile_lib()
                 shutil.copyfile(g.libpath, out)
             except RuntimeError as e:
-                made |= _failed_compile_files(str(e))
+                made |= failed_compile_files(str(e))
                 raise
             finally:
                 for f in {x for x in (g.srcpath, g.libpath, *made) if x}:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f)
     return art.kernel_source, g.lib_code
-
-
-def _failed_compile_files(msg: str) -> set[str]:
-    """The temporaries of a failed ``LibraryGenerator.compile_lib``: it records its source and library paths
-    only after a successful nvcc run, but its error ("Compilation Failed! [command]") names both. Only files
-    named tmp* directly in the temporary directory (where tilelang creates them) are returned."""
-    first = msg.split("\n", 1)[0]
-    if not first.startswith("Compilation Failed!"):
-        return set()
-    tmp = os.path.realpath(tempfile.gettempdir())
-    return {f for f in re.findall(r"'([^']+\.(?:cu|so))'", first)
-            if os.path.dirname(os.path.realpath(f)) == tmp and os.path.basename(f).startswith("tmp")}
 
 
 def lower_source(func, target=None, build_mode: str = "inlined") -> str:

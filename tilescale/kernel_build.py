@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 
 from . import build_modes, codegen, compat
@@ -109,6 +111,29 @@ def one_compile_at_a_time(func, target, backend, flags, pass_configs, out_idx):
         yield
 
 
+def remove_temporaries(files) -> None:
+    """Remove those of `files` that tilelang's library builds leave in TMPDIR: named tmp* directly in the temporary
+    directory (its ``tmp*.cu`` source and ``tmp*.so`` library). Anything else, a library of a cache included, is
+    left alone."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    for f in files:
+        if f and os.path.dirname(os.path.realpath(f)) == tmp and os.path.basename(f).startswith("tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f)
+
+
+def failed_compile_files(msg: str) -> set[str]:
+    """The temporaries of a failed ``LibraryGenerator.compile_lib``: it records its source and library paths
+    only after a successful nvcc run, but its error ("Compilation Failed! [command]") names both. Only files
+    named tmp* directly in the temporary directory (where tilelang creates them) are returned."""
+    first = msg.split("\n", 1)[0]
+    if not first.startswith("Compilation Failed!"):
+        return set()
+    tmp = os.path.realpath(tempfile.gettempdir())
+    return {f for f in re.findall(r"'([^']+\.(?:cu|so))'", first)
+            if os.path.dirname(os.path.realpath(f)) == tmp and os.path.basename(f).startswith("tmp")}
+
+
 _NVCC_ERROR = re.compile(r"\(\d+\): (error|catastrophic error)|fatal error|undefined reference|"
                          r"ptxas (error|fatal)|nvlink (error|fatal)|nvcc fatal")
 
@@ -163,5 +188,16 @@ def compile_kernel(func, out_idx=None, execution_backend=None, target=None, targ
     with one_compile_at_a_time(func, target, backend, flags, tl_pc, out_idx), \
             codegen.distributed_build(spec.build_mode), explain_build_errors(func_name(func), spec), \
             bounded_nvcc(f"distributed kernel '{func_name(func)}'"):
-        return tl_compile(func, out_idx=out_idx, execution_backend=backend, target=target, target_host=target_host,
-                          verbose=verbose, pass_configs=tl_pc, compile_flags=flags), spec
+        # tilelang's JIT build leaves its source and a library of a megabyte or more in TMPDIR on every build:
+        # removed once the library is loaded (a mapped library outlives its name; tilelang's cache holds its copy)
+        # or the build failed (its error names them). A library that fails to load after a build is left there:
+        # tilelang names it nowhere then.
+        try:
+            kernel = tl_compile(func, out_idx=out_idx, execution_backend=backend, target=target,
+                                target_host=target_host, verbose=verbose, pass_configs=tl_pc, compile_flags=flags)
+        except RuntimeError as e:
+            remove_temporaries(failed_compile_files(str(e)))
+            raise
+        adapter = getattr(kernel, "adapter", None)
+        remove_temporaries([getattr(adapter, "srcpath", None), getattr(adapter, "libpath", None)])
+        return kernel, spec
