@@ -3,6 +3,8 @@ the helpers' messages, construction-time checks of every op (and symm.empty), ca
 anything is launched), the agreement of check results across ranks (a fake runtime plays the other ranks),
 signature caching (an agreed signature is not exchanged again) and the stream rule. The same checks on
 real GPUs and ranks: tests/gpu/bad_input_main.py."""
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -284,6 +286,19 @@ CONSTRUCTION = [
      r"Reduce: dtype: got torch.int64"),
     ("Reduce float shape", lambda: reduce_to_root.Reduce((2.5,), torch.float32, 0), OpArgumentTypeError,
      r"Reduce: shape: got \(2\.5,\), expected a sequence of ints"),
+    # sizes beyond what the kernels index in 32-bit integers: refused by name on every rank, before any buffer
+    ("GemmRS pull M x N", lambda: gemm_rs.GemmRS(65536, 32768, 4096, torch.bfloat16, path="pull"), OpArgumentError,
+     r"GemmRS: M, N: got M=65536, N=32768, K_local=4096 \(M x N \(the pull path's offset of a call's partials\): "
+     r"2147483648\), expected sizes for which M x N .* is at most 2\*\*31 - 1 = 2147483647"),
+    ("AllToAll bytes", lambda: all_to_all.AllToAll((2, 1 << 30), torch.float32), OpArgumentError,
+     r"AllToAll: shape: got \(2, 1073741824\) \(its bytes: 8589934592\), expected sizes for which its bytes is at "
+     r"most 2\*\*31 - 1"),
+    ("AllReduce vectors", lambda: allreduce.AllReduce(((1 << 34) + 8,), torch.bfloat16, algo="one_shot"),
+     OpArgumentError, r"AllReduce: shape: got \(17179869192,\) \(its 16-byte vectors: 2147483649\)"),
+    ("ReduceScatter vectors", lambda: reduce_scatter.ReduceScatter((2, 1 << 34), torch.bfloat16), OpArgumentError,
+     r"ReduceScatter: shape: got \(2, 17179869184\) \(the 16-byte vectors of a rank's slice: 2147483648\)"),
+    ("Reduce vectors", lambda: reduce_to_root.Reduce(((1 << 34) + 8,), torch.bfloat16, 0), OpArgumentError,
+     r"Reduce: shape: got \(17179869192,\) \(its 16-byte vectors: 2147483649\)"),
     # the push kernel loads rows of X by TMA: whole 16 bytes (the default path takes pull for such a K)
     ("GemmRS push K", lambda: gemm_rs.GemmRS(4096, 2048, 260, torch.bfloat16, path="push"), OpArgumentError,
      r"GemmRS: K_local: got 260, expected a multiple of 8 on the push path \(its TMA loads of X need rows of whole "
@@ -577,3 +592,53 @@ def test_gemm_rs_push_is_refused_where_the_job_cannot_take_it(fake, monkeypatch)
     with pytest.raises(OpArgumentError, match=r"GemmRS: path: got 'push', expected 'pull' or None on this job "
                                               r"\(push needs every rank on this node"):
         gemm_rs.GemmRS(4096, 2048, 1024, torch.bfloat16, path="push")
+
+
+def test_gemm_rs_size_bound_is_where_tvm_stops(clean_ts_env):
+    """The bound of the pull path is TVM's: its reduction does not build at M x N = 2**31 (the literal of a call's
+    half of the partials) and does just below; the push kernel indexes in 64 bits and takes that size."""
+    from tilescale import build_only
+
+    def lowers(M, N, path):
+        for fn, args in gemm_rs.kernels(M, N, 1024, 2, "bfloat16", path=path):
+            try:
+                build_only.lower_source(fn.get_tir(*args))
+            except Exception as e:  # noqa: BLE001
+                assert "exceeds maximum of int32" in str(e), e
+                return False
+        return True
+
+    with pytest.raises(OpArgumentError, match="M x N"):
+        gemm_rs.check_sizes(65536, 32768, 1024, 2, "pull", 128)
+    assert not lowers(65536, 32768, "pull")
+    gemm_rs.check_sizes(32768, 32768, 1024, 2, "pull", 128)        # 2 x M x N = 2**31 elements of P: taken
+    assert lowers(32768, 32768, "pull")
+    gemm_rs.check_sizes(65536, 32768, 1024, 2, "push", 128)
+    assert lowers(65536, 32768, "push")
+
+
+def test_a_kernel_tvm_cannot_index_is_an_argument_error_of_the_op():
+    """Sizes no check foresaw, which TVM refuses ("Literal value ... exceeds maximum of int32"): the op frees its
+    buffers and raises an OpArgumentError naming itself and its sizes (every rank alike: the arguments agreed)."""
+
+    class Big(base.Op):
+        NAME = "Big"
+
+    op = Big()
+    op._arguments = dict(M=1 << 20, N=1 << 12, dtype=torch.bfloat16)   # as agreed by op.arguments(...)
+    closed = []
+    op.close = lambda: closed.append(True)
+
+    def fn(*args):
+        raise ValueError("Traceback ...\nCheck failed: value < 1LL << (dtype.bits() - 1) (2147483648 vs. 2147483648) : "
+                         "Literal value 2147483648 exceeds maximum of int32")
+    fn.func = types.SimpleNamespace(__name__="big_kernel")
+    with pytest.raises(OpArgumentError, match=r"^Big: sizes: got M=1048576, N=4096, expected sizes that the kernel "
+                                              r"'big_kernel' can index with 32-bit integers \(TVM: .*exceeds maximum"):
+        op.build(fn, (1,))
+    assert closed == [True]
+
+    def other(*args):
+        raise ValueError("something else")
+    with pytest.raises(ValueError, match="something else"):
+        op.build(other, ())

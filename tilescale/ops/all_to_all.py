@@ -168,6 +168,11 @@ class AllToAll(Op):
             if blocks_per_peer is not None and blocks_per_peer < W:
                 checks.fail("AllToAll", "blocks_per_peer", repr(blocks_per_peer), f"at least the world size {W} "
                             "(blocks (b < W, 0) do the final waits)")
+            row_bytes = math.prod(self.shape[1:]) * vectors.element_size(dtype)
+            checks.fits_int32("AllToAll", "shape", repr(self.shape), self.shape[0] * row_bytes, "its bytes")
+            if _capacity_rows is not None:
+                checks.fits_int32("AllToAll", "_capacity_rows", repr(_capacity_rows), _capacity_rows * row_bytes,
+                                  "the bytes of its output")
             if _capacity_rows is None and self.shape[0] % W:
                 checks.fail("AllToAll", "shape", repr(self.shape), f"(rows, ...) with rows divisible by the world size "
                             f"{W} (equal splits; all_to_all_single takes split sizes)")

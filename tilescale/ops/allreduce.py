@@ -188,6 +188,11 @@ class AllReduce(Op):
             self.shape = vectors.as_shape("AllReduce", shape)
             vectors.check_dtype("AllReduce", dtype)
             vectors.check_launch("AllReduce", blocks, threads, self.world_size)
+            n, vec = vectors.numel(self.shape), vectors.vector_width(dtype)
+            one_shot = resolve_algo(algo, n * vectors.element_size(dtype), self.world_size) == "one_shot"
+            per = vec if one_shot else vec * self.world_size    # the kernel's run-time size: vectors (per rank)
+            checks.fits_int32("AllReduce", "shape", repr(self.shape), -(-n // per),
+                              "its 16-byte vectors" + ("" if one_shot else " per rank"))
         W, self.dtype = self.world_size, dtype
         self.n = n = vectors.numel(self.shape)
         nbytes = n * vectors.element_size(dtype)

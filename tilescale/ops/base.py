@@ -27,6 +27,7 @@ layout); the steps around them are written once, here:
 import contextlib
 import math
 
+from .. import errors
 from . import capture, checks
 from .direct_launch import direct_entry
 from .vectors import stream_getter, vector_view
@@ -61,6 +62,7 @@ class Op:
         with checks.deferred(self.NAME) as d:
             yield args      # the block may complete an argument (a default it resolved)
         checks.require_same_on_all_ranks(self.NAME, d.error or capture.construction_error(self.NAME), **args)
+        self._arguments = args
         self.device = checks.this_device()
         self._check = checks.CallCheck(self.NAME)
         self._agreed = self._check.agreed
@@ -95,8 +97,22 @@ class Op:
 
     def build(self, fn, args: tuple, names: tuple | None = None):
         """(kernel, direct entry or None): ``fn(*args)`` compiled and loaded, and its C entry point when its
-        parameters are `names` (+ the stream)."""
-        kernel = fn(*args)
+        parameters are `names` (+ the stream). A kernel that TVM cannot build because a size of this problem does not
+        fit its 32-bit indices (sizes the op's own checks did not foresee) is an OpArgumentError naming the op and its
+        arguments, raised alike on every rank (the same arguments, agreed), once the op's buffers are freed."""
+        try:
+            kernel = fn(*args)
+        except Exception as e:
+            line = next((ln for ln in str(e).splitlines() if "exceeds maximum of int32" in ln), None)
+            if line is None:
+                raise
+            self.close()
+            shown = ", ".join(f"{k}={v}" for k, v in getattr(self, "_arguments", {}).items()
+                              if isinstance(v, int) and not isinstance(v, bool) or k == "shape")
+            name = getattr(getattr(fn, "func", None), "__name__", None) or getattr(fn, "__name__", "its kernel")
+            raise errors.OpArgumentError(
+                f"{self.NAME}: sizes: got {shown}, expected sizes that the kernel {name!r} can index with 32-bit "
+                f"integers (TVM: {line.strip()[-160:]})") from e
         kernel.prepare()
         return kernel, (direct_entry(kernel, names) if names else None)
 

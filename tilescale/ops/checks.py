@@ -38,6 +38,7 @@ GEMM_DTYPES = ("bfloat16", "float16")                  # the wgmma GEMMs (AGGemm
 COPY_DTYPES = ("bfloat16", "float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")  # AllGather
 
 _MAX_SIGNATURES = 64      # signatures remembered per op (then forgotten at once: every rank alike)
+INT32_MAX = (1 << 31) - 1  # the largest size a kernel holds in a 32-bit integer (tilelang's index type)
 
 
 # ------------------------------------------------------------------------------------------- messages
@@ -118,6 +119,15 @@ def as_shape(op: str, arg: str, shape, *, lo: int = 0, min_dims: int = 0, allow_
     if any(s < lo for s in out):
         fail(op, arg, repr(out), sizes or f"sizes >= {lo}")
     return out
+
+
+def fits_int32(op: str, arg: str, got: str, value: int, what: str) -> None:
+    """Raise unless `value` (`what`: a size that a kernel of `op` takes or computes as a 32-bit integer, derived
+    from argument `arg`, received as `got`) is at most :data:`INT32_MAX`: beyond it the kernel would index out
+    of bounds, or fail to build deep in TVM ("Literal value ... exceeds maximum of int32")."""
+    if value > INT32_MAX:
+        fail(op, arg, f"{got} ({what}: {value})", f"sizes for which {what} is at most 2**31 - 1 = {INT32_MAX} "
+             "(its kernel holds it in a 32-bit integer)")
 
 
 def as_dtype(op: str, arg: str, dtype, supported=None, note: str = ""):

@@ -90,11 +90,10 @@ from .gemm import (
     tile_loop,
     tile_order,
 )
+from .gemm_rs_path import MAX_PUSH_RANKS, PATHS, check_sizes, default_path, push_takes  # noqa: F401  (re-exported)
 
 __all__ = ["GemmRS", "gemm_rs"]
 
-PATHS = ("push", "pull")
-MAX_PUSH_RANKS = 8     # the push path's ranks: one NVLink domain (8 GPUs of a node)
 # the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
 PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
 
@@ -340,37 +339,6 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
     return gemm_rs_reduce
 
 
-def _mps_client() -> bool:
-    """Whether this process's CUDA work would go through an MPS daemon (its pipe directory exists)."""
-    import os
-
-    return os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
-
-
-def push_takes(world_size: int, K_local: int, elem_bytes: int = 2) -> bool:
-    """Whether the push kernel can run this K: at world size > 1 it loads rows of X by TMA, which must be whole
-    16-byte units (K_local a multiple of 8 in bf16 / fp16); the pull path takes any K."""
-    return world_size == 1 or (K_local * elem_bytes) % 16 == 0
-
-
-def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 2) -> str:
-    """The path :class:`GemmRS` takes on this job (module docstring): "push" when every rank is on this node
-    (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, ranks that
-    share a GPU do not share it through MPS, and the push kernel takes `K_local` (:func:`push_takes`; None: any);
-    else "pull". The same on every rank of a job."""
-    from .. import runtime, topology
-
-    rt = runtime.current() if runtime.is_initialized() else None
-    local = rt.info.local_world_size if rt is not None else None
-    if topology.of(world_size, local).nodes > 1 or world_size > MAX_PUSH_RANKS:
-        return "pull"
-    if rt is not None and runtime.shares_gpu() and _mps_client():
-        return "pull"
-    if K_local is not None and not push_takes(world_size, K_local, elem_bytes):
-        return "pull"
-    return "push"
-
-
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
             config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
@@ -430,6 +398,7 @@ class GemmRS(Op):
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
             jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path,
                            sms if sms is not None else 132)
+            check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][5])
         W = self.world_size
         self.path = path
         (gemm_fn, self.gemm_args) = jobs[0]

@@ -127,6 +127,8 @@ class ReduceScatter(Op):
             if len(self.shape) == 0 or self.shape[0] % self.world_size:
                 checks.fail("ReduceScatter", "shape", repr(self.shape), "(rows, ...) with rows divisible by the "
                             f"world size {self.world_size}")
+            checks.fits_int32("ReduceScatter", "shape", repr(self.shape), -(-vectors.numel(self.shape) // (
+                self.world_size * vectors.vector_width(dtype))), "the 16-byte vectors of a rank's slice")
         W, self.dtype = self.world_size, dtype
         self.out_shape = (self.shape[0] // W, *self.shape[1:])
         self.n = vectors.numel(self.shape)

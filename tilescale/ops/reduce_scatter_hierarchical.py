@@ -178,6 +178,8 @@ class ReduceScatterHierarchical(Op):
             if len(self.shape) == 0 or self.shape[0] % self.world_size:
                 checks.fail(self.NAME, "shape", repr(self.shape), "(rows, ...) with rows divisible by the "
                             f"world size {self.world_size}")
+            checks.fits_int32(self.NAME, "shape", repr(self.shape), -(-vectors.numel(self.shape) // (
+                self.world_size * vectors.vector_width(dtype))), "the 16-byte vectors of a rank's slice")
             several_nodes(self.NAME, topo)
         W, g, self.dtype, self.topology = self.world_size, topo.node_size, dtype, topo
         nodes = W // g

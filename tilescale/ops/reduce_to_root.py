@@ -103,6 +103,8 @@ class Reduce(Op):
             self.shape = vectors.as_shape("Reduce", shape)
             vectors.check_dtype("Reduce", dtype)
             vectors.check_launch("Reduce", blocks, threads, W)
+            checks.fits_int32("Reduce", "shape", repr(self.shape),
+                              -(-vectors.numel(self.shape) // vectors.vector_width(dtype)), "its 16-byte vectors")
             if not checks._is_int(dst) or not 0 <= dst < W:
                 checks.fail("Reduce", "dst", checks.describe(dst), f"a rank in 0..{W - 1}",
                             type_error=not checks._is_int(dst))
