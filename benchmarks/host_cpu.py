@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import cProfile
 import ctypes
+import inspect
 import pstats
 import statistics
 import sys
@@ -217,6 +218,8 @@ def make_ag_gemm(W):
         op.launch_path = "direct"
         joins = [0x7001 + j for j in range(len(op.streams))]
         events = dict(events=dict(start=0x7100, copied=0x7101, gate=0x7000)) if two_gemms else dict(gate=0x7000)
+        if "pulled" in inspect.signature(cls._plan).parameters:   # this tree: pulls from the call's start
+            events = dict(events=dict(start=0x7100, copied=0x7101), pulled=[0x7200 + j for j in range(W - 2)])
         op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2, peer_at=[None if t is None else t.data_ptr()
                                                                         for t in peers],
                  streams=[s.cuda_stream for s in op.streams], joins=joins, arrived=op.arrived.data_ptr(),

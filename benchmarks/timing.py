@@ -4,6 +4,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 
@@ -69,7 +70,7 @@ def _slowest_rank(values: dict, dist) -> dict:
     return dict(zip(values, t.tolist(), strict=True))
 
 
-def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> dict:
+def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5, align: bool = True) -> dict:
     """{name: microseconds per call} of each of `fns` ({name: fn}), their calls interleaved: every repeat makes
     `iters` passes over the fns, one call of each per pass (the order rotated by one fn each pass, so that each fn
     follows every other equally often), every call between CUDA events of its own; a fn's time is the median over
@@ -80,7 +81,13 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
     run 26: the same kernels 0.92 or 0.99 of cuBLAS by the order of the columns); interleaved calls share the GPU's
     power and thermal state. Each call's events measure its GPU time: the host's time between calls is not counted
     while the GPU's queue stays ahead of the host, which holds for the GEMM-sized calls it is used for. ``_idle``
-    (the share of a round the GPU spent between calls, the largest over repeats and ranks) shows a host-bound fn."""
+    (the share of a round the GPU spent between calls, the largest over repeats and ranks) shows a host-bound fn.
+
+    `align` (NCCL groups): every call starts on every rank together: a one-element NCCL all-reduce on the stream
+    before its start event. Without it a call's events also measure how long its first wait for a peer takes,
+    that is how far the ranks drifted apart in the calls before it (a GEMM ends at different times on different
+    GPUs), which made a 2-8 MiB AllGather read 133-302 us from row to row where the same AllGather alone takes
+    50-114 us. The all-reduce's own time is outside the events (it counts in ``_idle``)."""
     import torch
 
     dist = None
@@ -90,6 +97,9 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
         dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     names = list(fns)
     _warm_up(fns, warmup)
+    token = None
+    if align and dist is torch.distributed:     # NCCL serves the group (staged_collectives.for_cuda)
+        token = torch.zeros(1, device="cuda")
     res = {name: [] for name in names}
     idle = 0.0
     for _ in range(repeats):
@@ -101,6 +111,8 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
             k = i % len(names)
             for name in names[k:] + names[:k]:
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if token is not None:
+                    torch.distributed.all_reduce(token)
                 s.record()
                 fns[name]()
                 e.record()
@@ -188,14 +200,16 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def print_table(title: str, header: list[str], rows: list[list]) -> None:
+def print_table(title: str, header: list[str], rows: list[list]) -> str:
+    """Print a markdown table under `title`; returns what it printed."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
-    print(f"\n{title}")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in cells:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) + " |")
+    lines = [f"\n{title}", "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=False)) + " |" for r in cells]
+    text = "\n".join(lines)
+    print(text)
+    return text
 
 
 def write_json(path: str | None, payload: dict) -> None:
@@ -206,7 +220,30 @@ def write_json(path: str | None, payload: dict) -> None:
 
 
 def environment() -> dict:
+    """The run's machine and provenance: GPU, torch, world size, UTC date, command, and the commit of the tree
+    (BENCH_COMMIT, else ``git rev-parse HEAD`` where the tree is a checkout, else "unknown")."""
+    import subprocess
+
     import torch
 
+    commit = os.environ.get("BENCH_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]), "commit": commit}
+
+
+def write_markdown(path: str, env: dict, tables: list[str]) -> None:
+    """`tables` (as :func:`print_table` returned them) under a header naming the machine, command, commit and date:
+    the latest result of a benchmark on a machine, kept at a fixed path beside its JSON."""
+    head = (f"# {env['command']}\n\n{env['world_size']} x {env['gpu']}, torch {env['torch']}; commit "
+            f"{env['commit']}; {env['date']}\n")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(head + "\n".join(tables) + "\n")

@@ -21,7 +21,7 @@ from tilescale.ops import stream_ops as so  # noqa: E402
 from tilescale.profiler import session  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-MAIN, GATE, JOIN0, START, COPIED = 0x5000, 0x7000, 0x7100, 0x7200, 0x7300
+MAIN, PULLED0, JOIN0, START, COPIED = 0x5000, 0x7000, 0x7100, 0x7200, 0x7300
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -119,7 +119,9 @@ class Log:
         self.ops, self.current, self.events = [], MAIN, {}
 
     def event(self, handle):
-        names = {GATE: "gate", START: "start", COPIED: "copied"}
+        names = {START: "start", COPIED: "copied"}
+        if PULLED0 <= handle < PULLED0 + 0x100:
+            return "pulled"
         return names.get(handle) or ("join" if JOIN0 <= handle < JOIN0 + 0x100 else handle)
 
 
@@ -135,7 +137,7 @@ def fake_cuda(monkeypatch):
 
         def record(self, stream=None):
             s = stream.cuda_stream if stream is not None else log.current
-            self.name = self.fixed or ("join" if s != MAIN else "gate")
+            self.name = self.fixed or "join"
             log.ops.append((so.EVENT_RECORD, s, self.name))
 
     class Stream:
@@ -233,14 +235,15 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
         log.ops.append(("GEMM", args[-1], *args[:-1]))
         return 0
     op._direct = op._direct_own = (entry, lambda: b"") if direct else None
-    op._start, op._copied, op._gate = (log.Event(name=n) for n in ("start", "copied", "gate"))
+    op._start, op._copied = (log.Event(name=n) for n in ("start", "copied"))
     op._joins = [log.Event(name="join") for _ in op.streams]
+    op._pulled = [log.Event(name="pulled") for _ in range(W - 2)]
     if W > 1:
         op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2,
                  peer_at=[None if t is None else t.data_ptr() for t in op._peers],
-                 streams=[s.cuda_stream for s in op.streams], events=dict(start=START, copied=COPIED, gate=GATE),
-                 joins=[JOIN0 + j for j in range(len(op.streams))], arrived=op.arrived.data_ptr(),
-                 arrived_bytes=op.arrived.nbytes)
+                 streams=[s.cuda_stream for s in op.streams], events=dict(start=START, copied=COPIED),
+                 joins=[JOIN0 + j for j in range(len(op.streams))], pulled=[PULLED0 + j for j in range(W - 2)],
+                 arrived=op.arrived.data_ptr(), arrived_bytes=op.arrived.nbytes)
     return op
 
 
@@ -277,17 +280,49 @@ def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, con
         assert kinds.count(so.COPY) == 1 + op.chunks * len(near - {rank})
         assert fast[first] == ("GEMM", MAIN, a.data_ptr(), b.data_ptr(), c.data_ptr())
         assert on_main == [(so.EVENT_RECORD, MAIN, "start")]          # nothing waited for ahead of it
-        copy = next(o for o in fast if o[0] == so.COPY)
-        assert copy[1:5] == (local, op._slot.data_ptr(), a.data_ptr(), a.nbytes)
+        [copy] = [o for o in fast if o[0] == so.COPY and o[1] == local]
+        assert copy[2:5] == (op._slot.data_ptr(), a.data_ptr(), a.nbytes)
     else:            # copied by torch into the slot on the main stream, after the waits for the peers' reads
         assert fast[first] == ("GEMM", MAIN, op._slot.data_ptr(), b.data_ptr(), c.data_ptr())
         assert [o[0] for o in on_main] == [so.WAIT_GEQ, so.WRITE] * (W - 1) + [so.COPY] + \
             [so.WRITE if p in near else so.SIGNAL_ADD for p in ((rank + j) % W for j in range(1, W))] + \
-            [so.EVENT_RECORD]
-    # the second GEMM comes after my copy (its event), every peer's ready flag and the gate
+            [so.EVENT_RECORD, so.EVENT_RECORD]
+    # the second GEMM comes after my copy (its event): no peer's flag is waited for on the main stream
     between = [o for o in fast[first + 1:second] if o[1] == MAIN]
-    assert between[0] == (so.EVENT_WAIT, MAIN, "copied") and between[-1] == (so.EVENT_RECORD, MAIN, "gate")
-    assert [o[0] for o in between[1:-1]] == [so.WAIT_GEQ] * (W - 1)
+    assert between == [(so.EVENT_WAIT, MAIN, "copied")]
+
+
+@pytest.mark.parametrize("W,rank,near", [(4, 1, {0, 1, 2, 3}), (4, 2, {2, 3}), (2, 1, {0, 1})])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_pulls_start_with_the_call(fake_cuda, W, rank, near, contiguous):
+    """Communication starts when the call starts, beside the GEMM of my own rows: every copy stream's operations
+    are issued before that GEMM, and the only event a copy stream waits for is the call's start (and, when the
+    pulls run one peer after another, the previous peer's last pull); each waits for its peer's ``ready`` flag
+    on itself, never on the main stream. Peers are pulled in the order the second GEMM reads them (rank+1 first),
+    and each chunk's ``arrived`` write follows its pull."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, near)
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        op(a, b, out=c)
+    fast = log.ops
+    first, second = (i for i, o in enumerate(fast) if o[0] == "GEMM")
+    peers = [(rank + j) % W for j in range(1, W)]
+    for j, src in enumerate(peers):
+        h = op.streams[j].cuda_stream
+        mine = [o for o in fast[:second] if o[1] == h]      # (after the second GEMM: step 6's join)
+        assert all(fast.index(o) < first for o in mine), (src, mine)
+        waited = [o[2] for o in mine if o[0] == so.EVENT_WAIT]
+        assert waited == (["start", "pulled"] if j else ["start"]), (src, waited)
+        assert mine[len(waited)] == (so.WAIT_GEQ, h, op._ready_here[src], 1, 0, 0)
+        pulls = [i for i, o in enumerate(mine) if o[0] in (so.COPY, so.GET)]
+        assert len(pulls) == op.chunks
+        for ch, i in enumerate(pulls):
+            assert mine[i + 1] == (so.WRITE, h, op._arrived_at[src * op.chunks + ch], 1, 0, 0)
+        if j < W - 2:   # the next peer's pulls wait for this one's last
+            assert mine[pulls[-1] + 2] == (so.EVENT_RECORD, h, "pulled")
+    # nothing on the main stream between the call's start and the first GEMM waits for a peer
+    assert not [o for o in fast[:first] if o[1] == MAIN and o[0] == so.WAIT_GEQ and o[2] in op._ready_here]
 
 
 @pytest.mark.parametrize("W,rank,near,gpu", [(2, 0, {0, 1}, {0, 1}), (4, 1, {0, 1, 2, 3}, {0, 1}),
@@ -482,3 +517,16 @@ def test_the_cpu_harness_runs():
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"AG+GEMM op(a, b, out=c), W={W} "))
         assert row.endswith(calls), row
     assert "AllGather ag(x)" in r.stdout and "1: kernel direct launch x1" in r.stdout
+
+
+def test_pull_chunks_keep_copies_of_16_mib():
+    """A shard is pulled in copies of at least 16 MiB, at most 4, at least one; kernels() rounds the count down to a
+    divisor of the shard's row tiles."""
+    mib = 1 << 20
+    assert [agm.pull_chunks(n * mib) for n in (1, 15, 16, 31, 32, 48, 64, 1024)] == [1, 1, 1, 1, 2, 3, 4, 4]
+    # 4096 rows x 8192 bf16 at W = 4: 16 MiB shards, one copy; 16384 rows: 64 MiB, four copies
+    assert agm.kernels(4096, 2048, 8192, 4, "bfloat16")[1][1][4] == 1
+    assert agm.kernels(16384, 2048, 8192, 4, "bfloat16")[1][1][4] == 4
+    # 48 MiB shards: 3 copies of 24 row tiles (12288 rows, K = 8192); of 8 row tiles (4096, K = 24576): 2
+    assert agm.kernels(12288, 2048, 8192, 4, "bfloat16")[1][1][4] == 3
+    assert agm.kernels(4096, 2048, 24576, 4, "bfloat16")[1][1][4] == 2

@@ -5,56 +5,53 @@ torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
     A = torch.empty(M, K); torch.distributed.all_gather_into_tensor(A, A_local)
     C = A @ B
 
-How it overlaps: the GEMM starts at once on this rank's own rows, read where they are (`a_local`): no copy and
-no wait ahead of it. Meanwhile this rank's shard is copied into its slot of the symmetric gathered buffer
-(``A_full``), where peers pull it from, and the other shards are pulled over NVLink by the copy engines (no SM is
-taken from the GEMM); then a second launch of the GEMM computes the other ranks' rows, each tile waiting only for
-the chunk of rows it needs. Rows are computed in the order they arrive: own shard, then rank+1, rank+2, ...
-A rank of another node (``TILESCALE_NODE_SIZE`` included, per :func:`tilescale.topology.current`) has no peer
-view: its chunks are pulled with NVSHMEM's on-stream get (``nvshmemx_getmem_on_stream``) instead. At world size
-1 there is nothing to gather: the call is the first GEMM alone, on `a_local`.
+How it overlaps: communication starts when the call starts and runs beside the GEMM. The GEMM starts at once on
+this rank's own rows, read where they are (`a_local`). Meanwhile this rank's shard is copied into its slot of the
+symmetric gathered buffer (``A_full``), where peers pull it from, and the copy engines pull the other shards over
+NVLink (no SM taken from the GEMM), one peer after another (rank+1, rank+2, ...: 3 peers pulled at once shared
+the engines and all arrived late). A second launch of the GEMM computes the other ranks' rows in that order, each
+tile waiting only for its chunk of rows. A rank of another node (``TILESCALE_NODE_SIZE`` included, per
+:func:`tilescale.topology.current`) has no peer view: its chunks come by NVSHMEM's on-stream get
+(``nvshmemx_getmem_on_stream``). At world size 1 the call is the first GEMM alone, on `a_local`.
 
-Signal protocol of one call. Flags are set to 1 by their one writer and reset to 0 by their one reader,
-so no value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and
-replays and eager calls may be interleaved. No barrier, and no flag that needs an SM: stream memory
-operations (``cuStreamWaitValue64`` / ``cuStreamWriteValue64``), on a peer's flag through its mapping, or
-NVSHMEM's on-stream signal (an add) for a rank of another node. ``ready[q]`` (symmetric, here): rank q's
-slot of its ``A_full`` holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my
-slot of the last call (1 before the first call); ``arrived[q, chunk]`` (local): that chunk is here.
+Signal protocol of one call. Flags are set to 1 by their one writer and reset to 0 by their one reader, so no
+value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and replays and
+eager calls may be interleaved. No barrier, and no flag that needs an SM: stream memory operations
+(``cuStreamWaitValue64`` / ``cuStreamWriteValue64``), on a peer's flag through its mapping, or NVSHMEM's on-stream
+signal (an add) for a rank of another node. ``ready[q]`` (symmetric, here): rank q's slot of its ``A_full``
+holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my slot of the last call (1 before
+the first call); ``arrived[q, chunk]`` (local): that chunk is here. An event ``start`` on the main stream marks
+the call's start (after the work enqueued before it).
 
 1. main stream: the GEMM of my own rows, ``C[my rows] = a_local @ B`` (TMA loads from `a_local` itself);
-2. local stream (beside 1, after the work enqueued before the call): for every peer q, wait until
-   ``freed[q] >= 1`` (q is done reading my slot), set it to 0; copy a_local into my slot of ``A_full``, then set
-   ``ready[me] = 1`` on every peer; then an event (``copied``);
-3. main stream, after 1: wait for ``copied`` and until ``ready[q] >= 1`` for every peer q (every slot holds
-   this call's shard), then an event (``gate``) that the copy streams wait for. The second GEMM starts after
-   this: my copy (a copy kernel: a device-to-device copy takes SMs) and a pull from a rank on the same GPU (ranks
-   sharing one: a copy kernel too) would find every SM taken by its waiting tiles if it were launched before
-   they could start;
-4. copy streams (one per peer src), after ``gate``: set ``ready[src]`` to 0; for each chunk of src's
-   shard a pull from src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get
-   from another node), then a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); last,
-   ``freed[me] = 1`` on src. A pull that needs an SM is done before step 5 (:func:`pulls_needing_sms`: the main
-   stream waits for that copy stream's join event here): from a src on this rank's own GPU (ranks sharing one: a
-   copy kernel), or from one NVSHMEM has no mapping to (another node: its on-stream get launches a one-thread proxy
-   kernel); a copy-engine pull from a mapped peer on another GPU is not waited for;
+2. local stream, from ``start``: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set
+   it to 0; copy a_local into my slot of ``A_full``, then set ``ready[me] = 1`` on every peer; then an event
+   (``copied``);
+3. main stream, after 1: wait for ``copied``: the copy is a copy kernel (a copy within one GPU takes SMs), which
+   peers wait for, so it must not be left behind the second GEMM's waiting tiles;
+4. copy stream j (one per peer src = rank + 1 + j), from ``start`` and, for j > 0, once stream j - 1 has pulled
+   (its event ``pulled``): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's shard a pull from
+   src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get from another node), then
+   a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); record ``pulled``; last, ``freed[me] = 1``
+   on src. A pull that needs an SM must end before step 5 (:func:`pulls_needing_sms`; step 3 also waits for its
+   copy stream's join event): from a src on this rank's own GPU (ranks sharing one: a copy kernel), or from one
+   NVSHMEM has no mapping to (its on-stream get launches a one-thread proxy kernel). Were such a copy still to
+   come, the second GEMM's waiting tiles could hold every SM and it would never start;
 5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
-   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA. (Were a copy kernel still
-   to come, this GEMM's waiting tiles could hold every SM and it would never start: run 24's failure at 2
-   and 4 ranks sharing one H100, a wait that gave up after TILESCALE_WAIT_TIMEOUT_S: RESULTS.md run 25);
+   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA;
 6. main stream: joins the copy streams and the local stream, then zeroes ``arrived`` (the next call's copy
-   streams start after its step 3, so after this).
+   streams start after its ``start``, so after this).
 
 Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
-src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready``
-signal to q, which q's next set of ``freed[q]`` waits for (its 3, 4).
+src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready`` signal to
+q, which q's next reset of ``ready[me]`` waits for (its 4).
 
-How the host issues a call: an event record and step 2 are one program of stream operations (:mod:`.stream_ops`,
-built once by ``AGGemm._plan``: the flag writes and waits, the copies, NVSHMEM's gets and signals and the events,
-in the order above, each on its stream), issued by one call of the runtime shim; then the first GEMM (1, through
-the kernel's C entry point); then steps 3-4 (a second program); the second GEMM (5); step 6 (a third program). A
-non-contiguous (or not 16-byte aligned) `a_local` is copied into my slot by torch on the main stream first (after
-step 2's waits), and the first GEMM reads it there; a profiled call issues the same steps one by one from Python.
+How the host issues a call: the ``start`` event, step 4 and step 2 are one program of stream operations
+(:mod:`.stream_ops`, built once by ``AGGemm._plan``, each operation on its stream), issued by one call of the
+runtime shim; then the first GEMM (1, through the kernel's C entry point); step 3 (a second program); the second
+GEMM (5); step 6 (a third program). A non-contiguous (or not 16-byte aligned) `a_local` is copied into my slot by
+torch on the main stream first (after step 2's waits), and the first GEMM reads it there; a profiled call issues
+the same steps one by one from Python.
 """
 
 import tilescale
@@ -99,7 +96,7 @@ def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, *, M: 
         rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
         src, chunk = me, by * block_m // rows_per_chunk
     else:
-        rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...
+        rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...: pull order
         src = rb // tiles_per_rank
         chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
     if profile:
@@ -194,6 +191,20 @@ def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool
     return [p != rank and (same_gpu(p) or not mapped(p)) for p in range(world_size)]
 
 
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up to half the speed of 16 MiB ones
+PULL_MAX_CHUNKS = 4
+
+
+def pull_chunks(shard_bytes: int) -> int:
+    """How many copies pull one peer's shard (step 4; before rounding down to a divisor of its row tiles): as
+    many as keep each copy at least ``PULL_MIN_BYTES``, at most ``PULL_MAX_CHUNKS``, at least one. More chunks let
+    the second GEMM start on a shard's first rows sooner; on 4 x H200, 3 x 16 MiB pulled in 4 MiB copies took up to
+    twice as long as in whole-shard copies, and AG+GEMM at 2048-8192 rows ran 15-40% faster with one copy per
+    shard, 16384 rows (four 16 MiB copies) 4% faster than with one."""
+    return max(1, min(PULL_MAX_CHUNKS, shard_bytes // PULL_MIN_BYTES))
+
+
 def kernel_plan(args: tuple) -> SplitPlan:
     """The :func:`grid_plan` of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them)."""
     bound = ag_gemm_kernel.signature.bind(*args)
@@ -206,14 +217,12 @@ def kernel_plan(args: tuple) -> SplitPlan:
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
             config: GemmConfig | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
-    then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (the last wave's split).
-
-    Either GEMM may split its last wave (:func:`grid_plan`); checked against torch over eager calls and CUDA graph
-    replays (tests/gpu/ag_gemm_split_main.py) at world size 1, at 2 and 4 ranks sharing one H100 and at 2 ranks on
-    two H100s (RESULTS.md run 25)."""
+    then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (either GEMM may split its
+    last wave: :func:`grid_plan`, tests/gpu/ag_gemm_split_main.py); `chunks` (None: :func:`pull_chunks`) rounded
+    down to a divisor of the row tiles of a shard."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
-    chunks = chunks or 4
+    chunks = chunks or pull_chunks(M // world_size * K * ELEMENT_BYTES.get(dtype, 2))
     while tiles_per_rank % chunks:
         chunks -= 1
     args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
@@ -300,32 +309,32 @@ class AGGemm(Op):
         self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
         self._slot = self.a_full[self.rank * self.rows:(self.rank + 1) * self.rows]   # my rows of A_full (step 2)
         # the events of the steps: made once, recorded once here (a CUDA event exists from its first record), reused
-        # by every call (a wait sees the record made before it): the call's start, step 2's copy, step 3's gate and
-        # a join per copy stream and the local stream (step 6)
-        self._start, self._copied, self._gate = torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event()
+        # by every call (a wait sees the record made before it): the call's start, step 2's copy, a join per copy
+        # stream and the local stream (step 6), and step 4's ``pulled`` per copy stream but the last
+        self._start, self._copied = torch.cuda.Event(), torch.cuda.Event()
         self._joins = [torch.cuda.Event() for _ in self.streams]
+        self._pulled = [torch.cuda.Event() for _ in range(W - 2)]
         main = torch.cuda.current_stream()
-        for e in (self._start, self._copied, self._gate, *self._joins):
+        for e in (self._start, self._copied, *self._joins, *self._pulled):
             e.record(main)
         main.synchronize()
         self._plan(a_full=self.a_full.data_ptr(), row_bytes=self.K * self.a_full.element_size(),
                    peer_at=[None if t is None else t.data_ptr() for t in self._peers],
                    streams=[s.cuda_stream for s in self.streams],
-                   events=dict(start=self._start.cuda_event, copied=self._copied.cuda_event,
-                               gate=self._gate.cuda_event),
-                   joins=[e.cuda_event for e in self._joins], arrived=self.arrived.data_ptr(),
-                   arrived_bytes=self.arrived.nbytes)
+                   events=dict(start=self._start.cuda_event, copied=self._copied.cuda_event),
+                   joins=[e.cuda_event for e in self._joins], pulled=[e.cuda_event for e in self._pulled],
+                   arrived=self.arrived.data_ptr(), arrived_bytes=self.arrived.nbytes)
 
     def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
-              arrived: int, arrived_bytes: int) -> None:
-        """The host steps of a call (module docstring, 2-4 and 6) as programs of stream operations, issued by one shim
-        call each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``: a
-        copy stream per peer, the local stream last), in the order of the steps: ``_local`` (the call's start, then
-        2, whose copy of `a_local` is op ``_copy_at``, its source set per call), or, when `a_local` is not
-        contiguous, ``_local_head`` (2's waits, on the main stream), a torch copy, ``_local_tail`` (2's signals and
-        event); then the first GEMM (1); ``_pre`` (3-4); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a
-        peer of this node: the address of its A_full; else None), `events` (start, copied, gate), `joins`, `arrived`:
-        raw addresses and handles."""
+              pulled: list, arrived: int, arrived_bytes: int) -> None:
+        """The host steps of a call (module docstring) as programs of stream operations, issued by one shim call
+        each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``: a copy
+        stream per peer, then the local stream), in the order of the steps:
+        ``_first`` (the call's start, the pulls of 4 and the copy of 2, whose source is op ``_copy_at``, set per
+        call), or, when `a_local` is not contiguous, ``_local_head`` (2's waits, on the main stream), a torch copy,
+        ``_local_tail`` (the rest of 2, then what ``_first`` issues but 2); then the first GEMM (1); ``_pre``
+        (3); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node: the address of its
+        A_full; else None), `events` (start, copied), `joins`, `pulled`, `arrived`: raw addresses and handles."""
         W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
         peers = [(r + j) % W for j in range(1, W)]
         step = rows // chunks
@@ -352,30 +361,40 @@ class AGGemm(Op):
             add(so.EVENT_RECORD, events["copied"], stream=stream)
             return head
 
-        add(so.EVENT_RECORD, events["start"])
+        def begin():               # the call's start; 4 on the copy streams from there
+            add(so.EVENT_RECORD, events["start"])
+            for j, src in enumerate(peers):                                                    # 4
+                s = j + 1
+                add(so.EVENT_WAIT, events["start"], stream=s)
+                if j:       # one peer after another: the pulls share the copy engines' bandwidth less
+                    add(so.EVENT_WAIT, pulled[j - 1], stream=s)
+                add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s)
+                add(so.WRITE, self._ready_here[src], 0, stream=s)
+                for ch in range(chunks):
+                    off = (src * rows + ch * step) * row_bytes
+                    if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
+                        add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
+                    else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
+                        add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
+                    add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
+                if j < W - 2:
+                    add(so.EVENT_RECORD, pulled[j], stream=s)
+                signal("freed", src, s)
+                if self._pull_first[src]:      # a pull that needs an SM: 3 waits for it
+                    add(so.EVENT_RECORD, joins[j], stream=s)
+
+        begin()
         add(so.EVENT_WAIT, events["start"], stream=local)
         head = local_steps(local)
-        on_local, ops = ops, []
+        first, ops = ops, []
         head_main = local_steps(0)                     # the same on the main stream (a_local copied by torch)
         local_head, local_tail, ops = ops[:head_main], ops[head_main + 1:], []
+        begin()
+        local_tail += ops
+        ops = []
         add(so.EVENT_WAIT, events["copied"])                                                   # 3
-        for q in peers:
-            add(so.WAIT_GEQ, self._ready_here[q], 1)
-        add(so.EVENT_RECORD, events["gate"])
-        for j, src in enumerate(peers):                                                        # 4
-            s = j + 1
-            add(so.EVENT_WAIT, events["gate"], stream=s)
-            add(so.WRITE, self._ready_here[src], 0, stream=s)
-            for ch in range(chunks):
-                off = (src * rows + ch * step) * row_bytes
-                if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
-                    add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
-                else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
-                    add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
-                add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
-            signal("freed", src, s)
-            if self._pull_first[src]:      # a pull that needs an SM: done before the second GEMM takes them all
-                add(so.EVENT_RECORD, joins[j], stream=s)
+        for j, src in enumerate(peers):
+            if self._pull_first[src]:
                 add(so.EVENT_WAIT, joins[j])
         pre = ops
         post = []
@@ -389,10 +408,10 @@ class AGGemm(Op):
                 p.add(kind, a, b, n, stream=stream, pe=pe)
             return p.seal()
 
-        self._local, self._local_head, self._local_tail = program(on_local), program(local_head), program(local_tail)
+        self._first, self._local_head, self._local_tail = program(first), program(local_head), program(local_tail)
         self._pre, self._post = program(pre), program(post)
         self._copy_at = head
-        self._a_local_op = self._local.array[head]     # a view into the program: its source is set per call
+        self._a_local_op = self._first.array[head]     # a view into the program: its source is set per call
         self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
 
     def gathered(self):
@@ -463,9 +482,9 @@ class AGGemm(Op):
         fn = self._stream_ops
         if fn is None:     # a shim without ts_stream_ops
             return self._call_steps(a_local, b, out, None)
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 in one shim call; a_local a program op
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 and 4 in one shim call; a_local an op
             self._a_local_op.b = a_local.data_ptr()
-            self._local.run(fn, m, "AGGemm")
+            self._first.run(fn, m, "AGGemm")
             a = a_local
         else:                                           # 2 on the main stream: its waits, the copy by torch, the rest
             self._local_head.run(fn, m, "AGGemm")
@@ -473,7 +492,7 @@ class AGGemm(Op):
             self._local_tail.run(fn, m, "AGGemm")
             a = self._slot
         self._gemm_own(a, b, out, m)                                                           # 1
-        self._pre.run(fn, m, "AGGemm")                                                         # 3, 4
+        self._pre.run(fn, m, "AGGemm")                                                         # 3
         self._gemm_peers(b, out, m)                                                            # 5
         self._post.run(fn, m, "AGGemm")                                                        # 6
         return out
@@ -485,7 +504,6 @@ class AGGemm(Op):
 
         main = torch.cuda.current_stream()
         W, r, shim = self.world_size, self.rank, self.rt.shim
-        m = main.cuda_stream
         c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
         direct = a_local.is_contiguous() and not a_local.data_ptr() & 15
 
@@ -503,48 +521,61 @@ class AGGemm(Op):
         a_full = self.a_full
         peers = [(r + j) % W for j in range(1, W)]
         local = self.streams[-1]
-        if direct:                                                           # 2 on the local stream
-            self._start.record(main)
-            local.wait_event(self._start)
-        s2 = local if direct else main
-        h2 = s2.cuda_stream
-        for q in peers:
-            shim.ts_stream_wait_geq_u64(h2, self._freed_here[q], 1)
-            shim.ts_stream_write_u64(h2, self._freed_here[q], 0)
-        with torch.cuda.stream(s2):
-            self._slot.copy_(a_local)
-        for q in peers:
-            self._signal(h2, "ready", q)
-        self._copied.record(s2)
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c, *self.tail[0]),
-             False)   # 1
-        main.wait_event(self._copied)                                        # 3
-        for q in peers:
-            shim.ts_stream_wait_geq_u64(m, self._ready_here[q], 1)
-        self._gate.record(main)
         step = self.rows // self.chunks
-        for j, src in enumerate(peers):                                      # 4
-            s = self.streams[j]
-            s.wait_event(self._gate)
-            h = s.cuda_stream
-            with torch.cuda.stream(s):
-                if rec is not None:
-                    rec.copies_begin(s, src)
-                shim.ts_stream_write_u64(h, self._ready_here[src], 0)
-                lo, peer = src * self.rows, self._peers[src]
-                for ch in range(self.chunks):
-                    rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                    if peer is not None:
-                        a_full[rows].copy_(peer[rows], non_blocking=True)
-                    else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
-                        chunk = a_full[rows]
-                        shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
-                    shim.ts_stream_write_u64(h, self._arrived_at[src * self.chunks + ch], 1)
+
+        def local_steps(s2):                                                 # 2
+            h2 = s2.cuda_stream
+            for q in peers:
+                shim.ts_stream_wait_geq_u64(h2, self._freed_here[q], 1)
+                shim.ts_stream_write_u64(h2, self._freed_here[q], 0)
+            with torch.cuda.stream(s2):
+                self._slot.copy_(a_local)
+            for q in peers:
+                self._signal(h2, "ready", q)
+            self._copied.record(s2)
+
+        def begin():                                                         # 4
+            self._start.record(main)
+            for j, src in enumerate(peers):
+                s = self.streams[j]
+                s.wait_event(self._start)
+                if j:
+                    s.wait_event(self._pulled[j - 1])
+                h = s.cuda_stream
+                with torch.cuda.stream(s):
                     if rec is not None:
-                        rec.copy_done(s, src, ch, a_full[rows].nbytes)
-                self._signal(h, "freed", src)
+                        rec.copies_begin(s, src)
+                    shim.ts_stream_wait_geq_u64(h, self._ready_here[src], 1)
+                    shim.ts_stream_write_u64(h, self._ready_here[src], 0)
+                    lo, peer = src * self.rows, self._peers[src]
+                    for ch in range(self.chunks):
+                        rows = slice(lo + ch * step, lo + (ch + 1) * step)
+                        if peer is not None:
+                            a_full[rows].copy_(peer[rows], non_blocking=True)
+                        else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
+                            chunk = a_full[rows]
+                            shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
+                        shim.ts_stream_write_u64(h, self._arrived_at[src * self.chunks + ch], 1)
+                        if rec is not None:
+                            rec.copy_done(s, src, ch, a_full[rows].nbytes)
+                    if j < W - 2:
+                        self._pulled[j].record(s)
+                    self._signal(h, "freed", src)
+                if self._pull_first[src]:
+                    self._joins[j].record(s)
+
+        if direct:
+            begin()
+            local.wait_event(self._start)
+            local_steps(local)
+        else:
+            local_steps(main)
+            begin()
+        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c, *self.tail[0]),
+             False)                                                          # 1
+        main.wait_event(self._copied)                                        # 3
+        for j, src in enumerate(peers):
             if self._pull_first[src]:
-                self._joins[j].record(s)
                 main.wait_event(self._joins[j])
         gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
         for j, s in enumerate(self.streams):                                 # 6

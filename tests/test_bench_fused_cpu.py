@@ -1,0 +1,88 @@
+"""benchmarks/bench_fused.py on CPU: each row's target (the fused ops' goals on several GPUs), the table and the
+results file it writes beside its JSON (machine, command, commit, date), and timing's alignment of ranks."""
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+pytest.importorskip("torch")
+import bench_fused  # noqa: E402
+import timing  # noqa: E402
+
+
+def _row(op, M, K, N, ts, nccl=200.0, cublas=180.0, nccl_cublas=370.0, async_tp=260.0):
+    r = dict(op=op, M=M, K=K, N=N, nccl=nccl, cublas=cublas, nccl_cublas=nccl_cublas, tilescale=ts, ts_gemm=cublas)
+    if async_tp is not None:
+        r["async_tp"] = async_tp
+    r["ratio_to_ideal"] = ts / max(nccl, cublas)
+    return r
+
+
+@pytest.mark.parametrize("row,met", [
+    (_row("ag_gemm", 4096, 8192, 2048, 240.0), True),       # 1.20 x ideal, faster than both
+    (_row("ag_gemm", 4096, 8192, 2048, 255.0), False),      # 1.28 x ideal
+    (_row("ag_gemm", 4096, 8192, 2048, 250.0, async_tp=245.0), False),   # async-TP faster
+    (_row("ag_gemm", 4096, 8192, 7168, 215.0), True),       # 1.075 x ideal
+    (_row("ag_gemm", 4096, 8192, 7168, 225.0), False),      # 1.125 x ideal: N = 7168 wants 1.10
+    (_row("ag_gemm", 512, 8192, 2048, 265.0), True),        # small M: within 3% of the best unfused (260)
+    (_row("ag_gemm", 512, 8192, 2048, 270.0), False),
+    (_row("gemm_rs", 8192, 8192, 8192, 220.0, async_tp=250.0), True),
+    (_row("gemm_rs", 8192, 8192, 8192, 230.0, async_tp=250.0), False),    # 1.15 x ideal but only 1.09x async-TP
+    (_row("gemm_rs", 8192, 8192, 8192, 220.0, async_tp=None), False),     # no async-TP to beat: not met
+])
+def test_each_row_is_judged_by_its_target(row, met):
+    assert bench_fused.target(row)[1] is met
+
+
+def test_report_and_results_file(tmp_path, capsys):
+    rows = [_row("ag_gemm", 4096, 8192, 2048, 240.0), _row("ag_gemm", 512, 8192, 2048, 300.0)]
+    text = bench_fused.report(rows, 4, "AG+GEMM bfloat16, 4 x GPU (us)")
+    assert capsys.readouterr().out.split() == text.split()     # what it printed
+    assert "targets met on 1 of 2 rows" in text and "| MISSED (<= 1.03 x best unfused) |" in text
+    assert [r["target_met"] for r in rows] == [True, False]
+    env = dict(gpu="NVIDIA H200", torch="2.11", world_size=4, date="2026-11-27T00:00:00Z",
+               command="bench_fused.py --json x.json", commit="abc123")
+    path = tmp_path / "4xH200" / "fused.md"
+    timing.write_markdown(str(path), env, [text])
+    got = path.read_text()
+    assert got.startswith("# bench_fused.py --json x.json\n\n4 x NVIDIA H200, torch 2.11; commit abc123; "
+                          "2026-11-27T00:00:00Z\n") and text in got
+
+
+def test_interleaved_timing_aligns_ranks_before_each_call(monkeypatch):
+    """With NCCL serving the group, every timed call is preceded by a one-element all-reduce (the ranks start it
+    together); without a process group nothing is added."""
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    class Event:
+        def __init__(self, **k):
+            pass
+
+        def record(self):
+            calls.append("record")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.001
+
+    from tilescale import staged_collectives
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: "token")
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, **k: calls.append(("all_reduce", t)))
+    monkeypatch.setattr(staged_collectives, "for_cuda", lambda group=None: torch.distributed)
+    monkeypatch.setattr(timing, "_slowest_rank", lambda values, dist: values)
+    fn = lambda: calls.append("fn")  # noqa: E731
+    timing.time_interleaved({"a": fn}, warmup=0, iters=2, repeats=1)
+    assert calls == [("all_reduce", "token"), "record", "fn", "record"] * 2
+    calls.clear()
+    timing.time_interleaved({"a": fn}, warmup=0, iters=2, repeats=1, align=False)
+    assert calls == ["record", "fn", "record"] * 2
