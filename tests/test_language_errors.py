@@ -413,3 +413,52 @@ def test_valid_arguments_trace_and_record_the_wait_site():
     import zlib
 
     assert sites[0] == zlib.crc32(where.encode()) & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------- from __future__ import annotations
+KERNEL_MODULE = '''{future}
+import tilescale
+import tilescale.language as T
+
+
+@tilescale.jit
+def ring(n: int):
+    @T.prim_func
+    def main(src: T.Tensor((n,), "float32"), dst: T.Tensor((n,), "float32")):
+        with T.Kernel(1, threads=32):
+            dst[0] = src[0]
+
+    return main
+'''
+
+
+def _kernel_module(tmp_path, name: str, future: bool):
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(KERNEL_MODULE.format(future="from __future__ import annotations" if future else ""))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, path
+
+
+def test_future_annotations_in_a_kernels_module_names_the_cause_and_the_fix(tmp_path):
+    """The kernel's sizes are names of the enclosing function; stringized annotations lose them (a bare NameError
+    inside typing before): the error names the import, the file and what to do, chained to the NameError."""
+    mod, path = _kernel_module(tmp_path, "with_future", future=True)
+    with pytest.raises(LanguageError) as ei:
+        mod.ring(64)
+    msg = str(ei.value)
+    assert "ring:" in msg and "from __future__ import annotations" in msg and str(path) in msg, msg
+    assert f"Remove that import from {path}" in msg and "name 'n' is not defined" in msg, msg
+    assert isinstance(ei.value.__cause__, NameError)
+    plain, _ = _kernel_module(tmp_path, "without_future", future=False)
+    assert plain.ring.get_tir(64) is not None           # the same kernel elaborates without the import
+
+
+def test_future_annotations_without_enclosing_names_still_elaborate():
+    """A module with the import whose kernel annotations use constants only (tilescale's barrier kernel) is fine."""
+    from tilescale.compiler import barrier_jit
+
+    assert barrier_jit().get_tir(2) is not None

@@ -17,6 +17,7 @@ GPU check), :mod:`tilescale.kernel_build` (tilelang's build of a kernel), :mod:`
 public names are importable from here too.
 """
 from __future__ import annotations
+import __future__
 
 import inspect
 import logging
@@ -29,7 +30,7 @@ from .barrier_kernel import barrier_module
 from .build_only import BuildResult, build, lower_source
 from .distributed_kernel import DistributedKernel
 from .env import settings
-from .errors import ArchMismatchError, BackendError
+from .errors import ArchMismatchError, BackendError, LanguageError
 from .kernel_build import compile_kernel, func_name, key_flags
 
 __all__ = ["jit", "compile", "build", "lower_source", "barrier_jit", "TileScaleJITImpl", "DistributedKernel",
@@ -75,6 +76,15 @@ class TileScaleJITImpl(compat.jit_impl_base()):
             if isinstance(v, int) and not isinstance(v, bool):
                 return v
         return None
+
+    def get_tir(self, *args, **kwargs):
+        try:
+            return super().get_tir(*args, **kwargs)
+        except NameError as e:
+            fn = getattr(self.func, "orig_func", self.func)
+            if not _stringized_annotations(fn):
+                raise
+            raise _stringized_annotations_error(fn, e) from e
 
     def compile(self, *args, **kwargs):
         return self.compile_tir(self.get_tir(*args, **kwargs), args, kwargs)
@@ -145,6 +155,24 @@ def jit(func=None, *, out_idx=None, target=None, target_host=None, execution_bac
                                 wait_timeout_s=wait_timeout_s, check_symmetric=check_symmetric)
 
     return decorator(func) if func is not None else decorator
+
+
+def _stringized_annotations(fn) -> bool:
+    """Whether `fn`'s module was compiled with ``from __future__ import annotations`` (PEP 563)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and bool(code.co_flags & __future__.annotations.compiler_flag)
+
+
+def _stringized_annotations_error(fn, e: NameError) -> LanguageError:
+    """The error of a kernel whose annotations are strings: tilelang evaluates a prim_func's annotations
+    (``T.Tensor((n,), ...)``) when it elaborates the kernel, with the module's globals only, so the names of the
+    enclosing function (the kernel's sizes) are not defined there."""
+    where = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    return LanguageError(
+        f"{fn.__name__}: its kernel's annotations cannot be evaluated ({type(e).__name__}: {e}) because {where} "
+        "has `from __future__ import annotations`, which turns annotations such as `T.Tensor((n,), ...)` into "
+        "strings that tilelang evaluates later, without the names of the enclosing function. Remove that import "
+        f"from {where}, or define the kernel in a module without it.")
 
 
 _BARRIER_JIT = None
