@@ -1,18 +1,18 @@
 """tilescale: a JIT compiler for distributed tile kernels on NVIDIA GPUs (tilelang + NVSHMEM).
 
-    pip install -e ".[cu13,test]"      # CUDA 13 (or .[cu12] for CUDA 12)
+    pip install -e ".[cu13,test]"      # CUDA 13; CUDA 12: see the README (a torch built for CUDA 12)
 """
-import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 here = Path(__file__).parent
-version = re.search(r'__version__ = "([^"]+)"', (here / "tilescale" / "version.py").read_text()).group(1)
+about: dict = {}
+exec((here / "tilescale" / "version.py").read_text(), about)   # version and torch range, without importing tilescale
 
 setup(
     name="tilescale",
-    version=version,
+    version=about["__version__"],
     description="JIT compiler for distributed tile kernels (tilelang + NVSHMEM) on NVIDIA GPUs",
     long_description=(here / "README.md").read_text() if (here / "README.md").exists() else "",
     long_description_content_type="text/markdown",
@@ -21,11 +21,13 @@ setup(
     package_data={"tilescale": ["include/tilescale/*.cuh", "csrc/*.cu", "plan/tuning/*.json", "ops/*.json"]},
     install_requires=[
         "tilelang>=0.1.15,<0.1.16",   # tested with 0.1.15: its public hooks and the internals in tilescale/compat.py
-        "torch>=2.9",
+        about["TORCH_REQUIREMENT"],   # the versions the tests cover (tilescale/version.py)
         "cython>=3.0",
         "numpy",
     ],
     extras_require={
+        # one NVSHMEM wheel per CUDA major; torch pins its own, which must be the same one (for CUDA 12: a torch
+        # built for CUDA 12, from PyTorch's index, with constraints/cu12.txt)
         "cu13": ["nvidia-nvshmem-cu13>=3.4,<4"],
         "cu12": ["nvidia-nvshmem-cu12>=3.4,<4"],
         "test": ["pytest>=8", "pytest-timeout", "matplotlib",   # matplotlib: the profiler timeline test

@@ -23,8 +23,8 @@ from .errors import NvshmemNotFoundError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 THIRDPARTY_BUILD = REPO_ROOT / "3rdparty" / "nvshmem_src" / "build"
 
-PIP_HINT = ("pip install nvidia-nvshmem-cu13   (CUDA 13; or nvidia-nvshmem-cu12 for CUDA 12), "
-            "or `pip install tilescale[cu13]`; or point NVSHMEM_HOME at an NVSHMEM install")
+PIP_HINT = ("pip install nvidia-nvshmem-cu13   (CUDA 13; or nvidia-nvshmem-cu12 for CUDA 12: the one your torch "
+            "requires), or point NVSHMEM_HOME at an NVSHMEM install")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .nvshmem import (
 from .probes import host_library_version, match_interfaces
 from .report import compile_only, exit_code, format_check, summary
 from .settings import check_settings
-from .tools import TILELANG_PIN, check_cache_dirs, check_libcuda, check_nvcc, check_tilelang
+from .tools import TILELANG_PIN, check_cache_dirs, check_libcuda, check_nvcc, check_tilelang, check_torch
 
 __all__ = [
     "OK", "WARN", "FAIL", "STATUSES", "Check", "CheckSpec", "Context", "CHECKS", "run_checks", "format_check",
@@ -46,7 +46,7 @@ __all__ = [
     "check_gpus", "check_peer_access", "check_shared_gpu", "check_nvshmem", "check_nvshmem_version",
     "check_nvshmem_device_library", "check_nvshmem_inlined", "check_bootstrap_plugin", "check_bootstrap_interface",
     "check_rendezvous", "check_symmetric_heap", "check_nvls", "check_multicast", "check_module_loading",
-    "check_cache_dirs", "check_nvcc", "check_tilelang", "check_libcuda", "check_settings",
+    "check_cache_dirs", "check_nvcc", "check_tilelang", "check_torch", "check_libcuda", "check_settings",
 ]
 
 CHECKS: tuple[CheckSpec, ...] = sum((specs_of(m) for m in (gpus, nvshmem, network, environment, tools, settings)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..version import TORCH_REQUIREMENT
 from . import probes
 from .check import Check, check, fail, ok, warn
 from .context import Context
@@ -21,7 +22,7 @@ NO_GPU = "no GPU visible"     # how the gpus check's finding starts on a machine
 def check_gpus(ctx: Context) -> Check:
     if ctx.torch is None:
         return fail(f"torch cannot be imported: {ctx.torch_error}",
-                    "pip install 'torch>=2.9' (a CUDA build, e.g. --index-url https://download.pytorch.org/whl/cu130)")
+                    f"pip install '{TORCH_REQUIREMENT}' (a CUDA build; see the README's install)")
     count = ctx.gpu_count
     cpu_build = getattr(ctx.torch.version, "cuda", None) is None
     torch_desc = f"torch {ctx.torch.__version__}" + (" is a CPU-only build" if cpu_build else "")

@@ -37,9 +37,11 @@ def build_mode_setting() -> str:
 
 @check('nvshmem',
        what="an NVSHMEM install is found (NVSHMEM_HOME, 3rdparty build, pip wheel), and where",
-       symptom="`NvshmemNotFoundError: NVSHMEM not found. Looked in, in order: ...`.",
-       fix="`pip install nvidia-nvshmem-cu13` (CUDA 13; `-cu12` for CUDA 12) or `pip install tilescale[cu13]`, "
-           "or `export NVSHMEM_HOME=<root with include/ and lib/>`; make sure `TILESCALE_USE_NVSHMEM` is not 0.")
+       symptom="`NvshmemNotFoundError: NVSHMEM not found. Looked in, in order: ...`; with two NVSHMEM wheels in one "
+               "environment (`nvidia-nvshmem-cu12` and `-cu13`), headers and libraries of either.",
+       fix="`pip install nvidia-nvshmem-cu13` (CUDA 13; `-cu12` for CUDA 12: the one your torch requires), or "
+           "`export NVSHMEM_HOME=<root with include/ and lib/>`; make sure `TILESCALE_USE_NVSHMEM` is not 0. Two "
+           "wheels: install again in a new environment, as the README's install for your CUDA says.")
 def check_nvshmem(ctx: Context) -> Check:
     inst = ctx.install
     if inst is None:
@@ -51,6 +53,12 @@ def check_nvshmem(ctx: Context) -> Check:
             else:
                 fix = PIP_HINT
         return fail(one_line(found), one_line(fix))
+    wheels = probes.nvshmem_wheels()
+    if len(wheels) > 1 and inst.source.startswith("pip"):
+        return warn(f"NVSHMEM {inst.version} from {inst.source}: {inst.root}, where {' and '.join(wheels)} both "
+                    "installed their files (the same directory): headers and libraries may be of either",
+                    "install again in a new virtual environment as the README says for your CUDA (CUDA 12: with "
+                    "constraints/cu12.txt and a torch built for CUDA 12), so that one NVSHMEM wheel is installed")
     return ok(f"NVSHMEM {inst.version} from {inst.source}: {inst.root}")
 
 

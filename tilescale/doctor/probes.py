@@ -16,7 +16,7 @@ from pathlib import Path
 from ..nvshmem_host import host_library_version
 
 __all__ = ["visible_devices", "can_access_peer", "interfaces", "match_interfaces", "has_address", "resolves",
-           "driver_version", "try_write", "own_cache_dir", "host_library_version"]
+           "driver_version", "try_write", "own_cache_dir", "host_library_version", "nvshmem_wheels"]
 
 
 def visible_devices() -> str:
@@ -28,6 +28,19 @@ def can_access_peer(i: int, j: int) -> bool:
     import torch
 
     return bool(torch.cuda.can_device_access_peer(i, j))
+
+
+def nvshmem_wheels() -> list[str]:
+    """The NVSHMEM wheels installed in this environment, as 'name version' (both install into nvidia/nvshmem)."""
+    import importlib.metadata as md
+
+    found = []
+    for name in ("nvidia-nvshmem-cu12", "nvidia-nvshmem-cu13"):
+        try:
+            found.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    return found
 
 
 def interfaces() -> list[str]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import toolchain
 from ..env import settings
+from ..version import TORCH_BELOW, TORCH_LOWEST, TORCH_REQUIREMENT
 from . import probes
 from .check import Check, check, fail, ok, one_line, warn
 from .context import Context
@@ -84,6 +85,30 @@ def check_tilelang(ctx: Context) -> Check:
         return warn(f"tilelang {ver}; tilescale is tested with {TILELANG_PIN}",
                     f"pip install 'tilelang=={TILELANG_PIN}'")
     return ok(f"tilelang {ver}")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as '2.14.1+cu130' or '2.15.0.dev20261101'."""
+    parts = []
+    for p in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit()) if p[:1].isdigit() else ""
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+@check('torch',
+       what=f"torch's version is one the tests cover ({TORCH_LOWEST} <= version < {TORCH_BELOW})",
+       symptom="Errors from inside torch in tilescale's torch operators, CUDA graphs or torch.compile support "
+               "(tilescale relies on some private torch APIs: tilescale/compat.py).",
+       fix=f"`pip install '{TORCH_REQUIREMENT}'` (a build for your CUDA; see the README's install).")
+def check_torch(ctx: Context) -> Check:
+    if ctx.torch is None:
+        return ok("skipped: torch cannot be imported (see the gpus check)")
+    ver = str(ctx.torch.__version__)
+    if not _release(TORCH_LOWEST) <= _release(ver) < _release(TORCH_BELOW):
+        return warn(f"torch {ver}; tilescale's tests cover {TORCH_LOWEST} <= torch < {TORCH_BELOW}",
+                    f"pip install '{TORCH_REQUIREMENT}'")
+    return ok(f"torch {ver}")
 
 
 @check('libcuda',
