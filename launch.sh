@@ -137,7 +137,7 @@ if [ "$found" = 0 ]; then
   # In the background, so that a signal runs the traps at once (bash runs them only after a foreground child
   # ends); its temporaries (tilelang's sources, nvcc's files) in a directory of the launch, which cleanup removes.
   COMPILE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/tilescale-compile.XXXXXX") || exit 2
-  LAUNCH_SH_JOB_ID=$JOB_ID TMPDIR=$COMPILE_TMP TILESCALE_COMPILE_ONLY=1 WORLD_SIZE=$GPUS "$PY" "$@" &
+  LAUNCH_SH_JOB_ID=$JOB_ID TMPDIR=$COMPILE_TMP TILESCALE_COMPILE_ONLY=1 WORLD_SIZE=$GPUS "$PY" -m tilescale.compile_only "$@" &
   wait $!
   rc=$?
   if [ $rc != 0 ]; then echo "launch.sh: compiling failed (exit $rc)" >&2; exit $rc; fi

@@ -210,6 +210,19 @@ def _storing_warp():
         assert elected == [4 + compat.storing_warp(threads)], (threads, elected)
 
 
+def _lazy_init():
+    """torch.cuda._lazy_init is what a CUDA tensor's creation calls, found on the module at call time."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from tilescale import compat\n"
+            "def stop(): raise KeyboardInterrupt('init')\n"
+            "compat.replace_torch_cuda_init(stop)\n"
+            "try:\n    torch.empty(1, device='cuda')\nexcept KeyboardInterrupt:\n    print('REPLACED')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "REPLACED" in r.stdout, r.stdout + r.stderr
+
+
 PROBES = {
     "tilelang.jit.JITImpl": _jit_impl,
     "tilelang.jit.ExecutionBackend": _execution_backends,
@@ -232,6 +245,7 @@ PROBES = {
     "torch.distributed.distributed_c10d._get_default_store": _default_store,
     "torch._C._cuda_isCurrentStreamCapturing": _torch_private("_cuda_isCurrentStreamCapturing"),
     "torch._C._cuda_getCurrentRawStream": _torch_private("_cuda_getCurrentRawStream"),
+    "torch.cuda._lazy_init": _lazy_init,
     "tilelang's generated host call(...) (regex)": _host_call_regex,
     "tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store": _storing_warp,
 }

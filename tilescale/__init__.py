@@ -45,8 +45,11 @@ _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend
 
 def barrier(stream=None) -> None:
     """Barrier of all ranks (NVSHMEM), ordered on `stream` (default: the current CUDA stream)."""
-    from .runtime import current
+    from .env import settings
+    from .runtime import current, is_initialized
 
+    if settings.compile_only and not is_initialized():   # nothing ran (tilescale/compile_only.py)
+        return
     current().barrier(stream)
 
 

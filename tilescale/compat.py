@@ -51,6 +51,7 @@ UPSTREAM: tuple[Upstream, ...] = (
     Upstream("torch._C._cuda_isCurrentStreamCapturing", "CUDA graph capture of the ops (ops/base.py, ops/capture.py)"),
     Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (Op.begin: ops/vectors.py "
                                                    "stream_getter, through raw_stream_query)"),
+    Upstream("torch.cuda._lazy_init", "compile-only runs: CUDA's initialisation stops the run (compile_only.py)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
     Upstream("tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store",
              "GEMM+RS's count of a tile once its store is written (storing_warp)"),
@@ -194,3 +195,11 @@ def raw_stream_query():
     import torch
 
     return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def replace_torch_cuda_init(fn) -> None:
+    """Have torch's lazy CUDA initialisation call `fn` instead: ``torch.cuda._lazy_init``, which every torch.cuda
+    call that needs the driver runs first (from C++ too, looked up on the module when called)."""
+    import torch.cuda
+
+    torch.cuda._lazy_init = fn

@@ -48,6 +48,11 @@ def compile(func=None, out_idx=None, execution_backend=None, target=None, target
     """``tilelang.compile`` with tilescale's backend resolution (same positional signature)."""
     if not isinstance(func, compat.prim_func_class()):
         raise TypeError(f"func: got {type(func).__name__}, expected a tilelang PrimFunc")
+    if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compile_only.py)
+        from .compile_only import BuiltKernel
+
+        return BuiltKernel(func, build(func, target, pass_configs, compile_flags, build_mode=build_mode,
+                                       wait_timeout_s=wait_timeout_s), out_idx)
     kernel, spec = compile_kernel(func, out_idx, execution_backend, target, target_host, verbose, pass_configs,
                                   compile_flags, build_mode=build_mode, wait_timeout_s=wait_timeout_s)
     if not spec.distributed:
@@ -92,6 +97,10 @@ class TileScaleJITImpl(compat.jit_impl_base()):
     def compile_tir(self, pf, args=(), kwargs=None):
         """Compile an already elaborated PrimFunc of this function (elaborate in one thread, compile in
         many: see tilescale.ops.prebuild)."""
+        if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compile_only.py)
+            from .compile_only import BuiltKernel
+
+            return BuiltKernel(pf, self.build_tir(pf), self.out_idx, name=getattr(self.func, "__name__", None))
         k = compile(pf, out_idx=self.out_idx, execution_backend=self.execution_backend, target=self.target,
                     target_host=self.target_host, verbose=self.verbose, pass_configs=self.pass_configs,
                     compile_flags=self.compile_flags, build_mode=self.build_mode,

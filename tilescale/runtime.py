@@ -201,6 +201,10 @@ def is_initialized() -> bool:
 
 def current() -> Runtime:
     if _RT is None or _RT.closed:
+        if settings.compile_only:   # a script's compile-only run (tilescale/compile_only.py) has no runtime
+            from .compile_only import NeedsGpu
+
+            raise NeedsGpu("the tilescale runtime (tilescale.ops, symmetric memory of peers)")
         raise NotInitializedError("the tilescale distributed runtime is not initialised: call "
                                   "tilescale.init_distributed() first (under torchrun or launch.sh)")
     return _RT
@@ -212,6 +216,10 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
     Collective: every rank of the job calls it once. Returns (rank, world_size, local_rank, ...).
     """
     global _RT
+    if settings.compile_only:   # rank 0's answer, nothing started (tilescale/compile_only.py)
+        from .compile_only import rank_zero
+
+        return DistInfo(**rank_zero())
     with _init_lock:
         if _RT is not None and not _RT.closed:
             raise AlreadyInitializedError("tilescale.init_distributed() was already called in this process; "
@@ -345,6 +353,8 @@ def synchronize() -> None:
     (``tilescale.synchronize``; see tilescale/diagnostics.py)."""
     import torch
 
+    if _RT is None and settings.compile_only:   # nothing ran (tilescale/compile_only.py)
+        return
     rt = current()
     try:
         torch.cuda.synchronize()

@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .env import symmetric_heap_size
+from .env import settings, symmetric_heap_size
 from .errors import (
     NotSymmetricError,
     OpArgumentError,
@@ -75,9 +75,13 @@ def empty(*shape, dtype=None):
     """A tensor on the NVSHMEM symmetric heap, uninitialised. Collective: every rank makes the same call."""
     import torch
 
-    rt = current()
     if len(shape) == 1 and not isinstance(shape[0], int):
         shape = shape[0]
+    if settings.compile_only:   # a meta tensor (tilescale/compile_only.py)
+        from .compile_only import meta_tensor
+
+        return meta_tensor(_shape(shape), _dtype(dtype))
+    rt = current()
     reg = _registry(rt)
     try:  # checked before the agreement below, which also carries the verdict: no rank raises alone
         shape, dtype, error = _shape(shape), _dtype(dtype), None
@@ -112,6 +116,8 @@ def zeros(*shape, dtype=None):
     """Like :func:`empty`, filled with zeros, and every rank's copy is zero before this returns."""
     import torch
 
+    if settings.compile_only:   # a meta tensor (tilescale/compile_only.py)
+        return empty(*shape, dtype=dtype)
     t = empty(*shape, dtype=dtype)
     t.zero_()
     torch.cuda.current_stream().synchronize()
