@@ -142,7 +142,7 @@ def test_gpu_check():
     assert c.status == "FAIL" and c.fix
     c = doctor.check_gpus(_ctx(gpus=4, gpu_count=2))
     assert c.status == "FAIL" and "2 GPU(s) visible, 4 requested" in c.found and "CUDA_VISIBLE_DEVICES" in c.found
-    assert "GPUS=2" in c.fix
+    assert "tilescale run -n 2" in c.fix
     c = doctor.check_gpus(_ctx(gpus=2, gpu_count=4))
     assert c.status == "ok" and "2 x NVIDIA H200" in c.found
 

@@ -337,15 +337,18 @@ def test_help_prints_the_settings_and_runs_nothing(tmp_path):
 
 
 def test_a_missing_script_is_named_before_anything_runs(tmp_path):
+    """The launcher (`tilescale run`, which launch.sh starts) names the missing script before it asks for GPUs,
+    compiles or starts torchrun: the interpreter runs nothing but the launcher."""
     py = tmp_path / "python"
-    py.write_text("#!/usr/bin/env bash\necho CALLED >> " + str(tmp_path / "calls") + "\nexit 1\n")
+    py.write_text(f"#!/usr/bin/env bash\necho \"$*\" >> {tmp_path / 'calls'}\nexec {sys.executable} \"$@\"\n")
     py.chmod(0o755)
     r = subprocess.run(["bash", str(LAUNCH), str(tmp_path / "nope.py")], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHON": str(py), "GPUS": "2"})
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"launch.sh: {tmp_path / 'nope.py'}: no such file" in r.stderr, r.stderr
+    assert f"{tmp_path / 'nope.py'}: no such file (expected the Python script to run)" in r.stderr, r.stderr
     assert "compiling" not in r.stdout + r.stderr
-    assert not (tmp_path / "calls").exists(), "launch.sh ran the interpreter for a script that does not exist"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == [f"-m tilescale run {tmp_path / 'nope.py'}"], f"the interpreter ran more than the launcher: {calls}"
 
 
 COMPILING = r"""

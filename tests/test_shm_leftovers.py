@@ -134,7 +134,30 @@ def test_launch_sh_removes_the_files_of_its_own_ranks_only(tmp_path):
             p.unlink(missing_ok=True)
 
 
-def test_launch_sh_passes_its_job_directory_in_shared_mode_only():
-    text = LAUNCH.read_text()
-    assert "cleanup() { end_job; stop_mps; clean_shm; clean_tmp; }" in text
-    assert '-m tilescale.shm_leftovers --job-dir "$JOB_DIR"' in text and 'export TILESCALE_JOB_DIR="$JOB_DIR"' in text
+SHOW_JOB_DIR = r"""
+import os
+print(f"[rank {os.environ['RANK']}] JOB_DIR={os.environ.get('TILESCALE_JOB_DIR', '-')}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("gpus_found,shared", [(1, True), (2, False)])
+def test_launch_sh_passes_its_job_directory_in_shared_mode_only(tmp_path, gpus_found, shared):
+    """The ranks of a shared-GPU job (2 ranks, 1 "GPU") get the launch's private job directory, which is gone when it
+    ends; with a GPU per rank there is none."""
+    py = tmp_path / "python"
+    py.write_text(FAKE_PYTHON.replace("echo 1", f"echo {gpus_found}").format(python=sys.executable))
+    py.chmod(0o755)
+    script = tmp_path / "show.py"
+    script.write_text(SHOW_JOB_DIR)
+    e = {k: v for k, v in os.environ.items() if k not in ("TILESCALE_MPS", "TILESCALE_JOB_DIR")}
+    e.update(PYTHON=str(py), GPUS="2", TILESCALE_RANKS_PER_GPU="2", TILESCALE_SKIP_DOCTOR="1", TMPDIR=str(tmp_path))
+    r = subprocess.run(["bash", str(LAUNCH), str(script)], capture_output=True, text=True, timeout=300, env=e)
+    assert r.returncode == 0, r.stdout + r.stderr
+    dirs = set(re.findall(r"JOB_DIR=(\S+)", r.stdout))
+    assert len(re.findall(r"\[rank \d\] JOB_DIR=", r.stdout)) == 2, r.stdout
+    if shared:
+        (d,) = dirs
+        assert Path(d).parent == tmp_path and Path(d).name.startswith("tilescale-job."), d
+        assert not Path(d).exists(), "the job directory outlived the launch"
+    else:
+        assert dirs == {"-"}, r.stdout

@@ -1,5 +1,6 @@
-"""Command line: ``python -m tilescale {doctor,env}`` (also installed as ``tilescale``).
+"""Command line: ``python -m tilescale {run,doctor,env}`` (also installed as ``tilescale``).
 
+    python -m tilescale run -n 4 script.py [args...]     # tilescale/launch.py
     python -m tilescale doctor [--gpus N] [--quiet] [--json] [--markdown]
     python -m tilescale env
 """
@@ -26,9 +27,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tilescale",
         description="tilescale: distributed tile kernels (tilelang + NVSHMEM). Command-line tools.",
-        epilog="`python -m tilescale doctor --gpus 4` before a run on 4 GPUs; launch.sh runs it for you.")
+        epilog="`tilescale run -n 4 script.py` runs a program on 4 GPUs (`tilescale run --help`); it runs "
+               "`tilescale doctor --gpus 4` first.")
     p.add_argument("--version", action="version", version=f"tilescale {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("run", add_help=False,   # its own parser: tilescale/launch.py (dispatched before this one)
+                   help="start a program on N ranks of this node (torchrun underneath); without GPUs, compile it")
     d = sub.add_parser(
         "doctor", help="pre-flight check of this machine for a distributed run",
         description="Check GPUs, peer access, NVSHMEM (install, versions, bootstrap), the symmetric heap size, "
@@ -83,6 +87,11 @@ def _env() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:   # everything after `run` is the launcher's (and the program's) own
+        from .launch import main as run
+
+        return run(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "doctor":

@@ -74,7 +74,8 @@ def troubleshooting_markdown() -> str:
         "## Troubleshooting",
         "",
         "Most failures of a distributed run come from the machine's setup, not from the kernel. Run the "
-        "pre-flight check first (`launch.sh` runs it before every launch; `TILESCALE_SKIP_DOCTOR=1` skips it):",
+        "pre-flight check first (`tilescale run` and `launch.sh` run it before every launch; "
+        "`TILESCALE_SKIP_DOCTOR=1` skips it):",
         "",
         "```bash",
         "python -m tilescale doctor --gpus 4      # one line per check; exits 1 if a run would fail",

@@ -14,9 +14,9 @@ NO_GPU = "no GPU visible"     # how the gpus check's finding starts on a machine
 
 @check('gpus',
        what="GPUs visible to torch versus the ranks requested (--gpus N)",
-       symptom="`invalid device ordinal`, `LOCAL_RANK=... but this node has N visible GPU(s)`, or launch.sh refusing "
-               "`GPUS`.",
-       fix="Ask for at most as many ranks as `torch.cuda.device_count()` reports (`GPUS=N bash launch.sh ...`); "
+       symptom="`invalid device ordinal`, `LOCAL_RANK=... but this node has N visible GPU(s)`, or `tilescale run` "
+               "refusing `-n` / `GPUS`.",
+       fix="Ask for at most as many ranks as `torch.cuda.device_count()` reports (`tilescale run -n N ...`); "
            "check `CUDA_VISIBLE_DEVICES`; or share GPUs (see `shared-gpu`). On a machine without GPUs tilescale "
            "only compiles.")
 def check_gpus(ctx: Context) -> Check:
@@ -28,15 +28,15 @@ def check_gpus(ctx: Context) -> Check:
     torch_desc = f"torch {ctx.torch.__version__}" + (" is a CPU-only build" if cpu_build else "")
     if count == 0:
         if ctx.gpus:
-            fix = (f"run on a machine with {ctx.gpus} GPUs (this one can only compile: GPUS={ctx.gpus} bash "
-                   "launch.sh script.py compiles the kernels without running them)")
+            fix = (f"run on a machine with {ctx.gpus} GPUs (this one can only compile: tilescale run -n {ctx.gpus} "
+                   "script.py compiles the kernels without running them)")
             if cpu_build:
                 fix += "; torch here is CPU-only: pip install torch --index-url https://download.pytorch.org/whl/cu130"
             elif os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
                 fix += "; or unset CUDA_VISIBLE_DEVICES"
             return fail(f"{NO_GPU}, {ctx.gpus} requested ({probes.visible_devices()}; {torch_desc})", fix)
         return warn(f"{NO_GPU}: compile-only machine ({probes.visible_devices()}; {torch_desc})",
-                    "kernels compile here; run them on a machine with GPUs (GPUS=N bash launch.sh script.py)")
+                    "kernels compile here; run them on a machine with GPUs (tilescale run -n N script.py)")
     names = ctx.gpu_names
     kinds = sorted(set(names))
     desc = ", ".join(f"{names.count(k)} x {k}" for k in kinds) if names else "names unknown"
@@ -44,7 +44,7 @@ def check_gpus(ctx: Context) -> Check:
         if ctx.shared_gpus:
             return ok(f"{count} GPU(s) visible, {ctx.gpus} requested: {desc}; shared, up to "
                       f"{ctx.ranks_on_a_gpu} ranks per GPU (see shared-gpu) ({probes.visible_devices()})")
-        fix = f"ask for at most {count}: GPUS={count} bash launch.sh ... (or --gpus {count})"
+        fix = f"ask for at most {count}: tilescale run -n {count} ... (or --gpus {count})"
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             fix += f", or list {ctx.gpus} devices in CUDA_VISIBLE_DEVICES (or unset it)"
         fix += (f", or share GPUs (correctness only): TILESCALE_RANKS_PER_GPU={ctx.ranks_on_a_gpu}")
@@ -88,8 +88,8 @@ def check_peer_access(ctx: Context) -> Check:
 @check('shared-gpu',
        what="with more ranks than GPUs (--gpus N), whether `TILESCALE_RANKS_PER_GPU` lets them "
             "share GPUs (shared-GPU mode: ceil(N / GPUs) ranks per GPU at most that setting)",
-       symptom="launch.sh refusing `GPUS` above the GPUs found; in shared-GPU mode, timings that mean nothing or "
-               "NCCL errors (ranks sharing a GPU use gloo for torch.distributed).",
+       symptom="`tilescale run` refusing `-n` / `GPUS` above the GPUs found; in shared-GPU mode, timings that mean "
+               "nothing or NCCL errors (ranks sharing a GPU use gloo for torch.distributed).",
        fix="`export TILESCALE_RANKS_PER_GPU=<ceil(N / GPUs)>` to develop and test N ranks on fewer GPUs "
            "(correct, but not for timings), or ask for `GPUS` <= the GPUs found.")
 def check_shared_gpu(ctx: Context) -> Check:

@@ -22,11 +22,12 @@ def summary(checks: list[Check]) -> str:
     if counts[FAIL]:
         verdict = "a run would fail"
     elif compile_only(checks):
-        verdict = "nothing can run here (no GPU): kernels can be compiled only (GPUS=N bash launch.sh compiles them)"
+        verdict = ("nothing can run here (no GPU): kernels can be compiled only (tilescale run -n N script.py "
+                   "compiles them)")
     else:
         verdict = "ready" if not counts[WARN] else "a run should work"
     return (f"tilescale doctor: {counts[FAIL]} FAIL, {counts[WARN]} warn, {counts[OK]} ok: {verdict}"
-            + (" (TILESCALE_SKIP_DOCTOR=1 skips this check in launch.sh)" if counts[FAIL] else ""))
+            + (" (TILESCALE_SKIP_DOCTOR=1 skips this check in tilescale run / launch.sh)" if counts[FAIL] else ""))
 
 
 def exit_code(checks: list[Check]) -> int:
