@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", "-q", action="store_true", help="print only the checks that are not ok, and a summary")
     d.add_argument("--json", action="store_true", help="print a JSON list of the check results")
     d.add_argument("--markdown", action="store_true",
-                   help="print the Troubleshooting section (Markdown) generated from the checks, and run nothing")
+                   help="print docs/troubleshooting.md (Markdown) generated from the checks, and run nothing")
     sub.add_parser("env", help="print every TILESCALE_* setting with its current value and meaning",
                    description="Print every setting tilescale reads from the environment, its current value "
                                "(or why it is invalid) and what it does.")
