@@ -81,7 +81,8 @@ class Job:
         if not pids:
             return
         _signal(pids, signal.SIGTERM)
-        for _ in range(100):
+        deadline = time.monotonic() + 10.0   # by the clock: a scan of /proc on a busy machine takes a while
+        while time.monotonic() < deadline:
             time.sleep(0.1)
             pids = _pids_with(f"{MARK}={self.id}".encode())
             if not pids:
@@ -161,9 +162,8 @@ class Job:
         except (OSError, subprocess.TimeoutExpired):
             ok = False
         pids = self._mps_pids()
-        for _ in range(100):
-            if not pids:
-                break
+        deadline = time.monotonic() + 10.0
+        while pids and time.monotonic() < deadline:
             time.sleep(0.1)
             pids = self._mps_pids()
         if pids:
