@@ -74,9 +74,18 @@ def test_tilelang_warnings_once_per_process(tl_log):
     cache_log.warning("another warning")
     assert len(tl_log.lines) == 3, tl_log.lines
     assert "'ag_gemm'" in tl_log.lines[0] and "/tmp/c1" in tl_log.lines[1]
+    second = Records()                                  # a record is shown at every handler, or at none
+    logging.getLogger("tilelang").addHandler(second)
+    try:
+        logs.apply()
+        cache_log.warning("a new warning")
+        cache_log.warning("a new warning")
+    finally:
+        logging.getLogger("tilelang").removeHandler(second)
+    assert tl_log.lines[3:] == second.lines == ["a new warning"]
     cache_log.error("an error is never dropped")
     cache_log.error("an error is never dropped")
-    assert len(tl_log.lines) == 5
+    assert len(tl_log.lines) == 6
 
 
 def test_lines_carry_the_rank_in_a_job_of_several_ranks(tl_log, menv):

@@ -74,19 +74,19 @@ class TilelangFilter(logging.Filter):
         self.level = logging.WARNING
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < self.level:
-            return False
-        if logging.WARNING <= record.levelno < logging.ERROR:
+        decided = getattr(record, "_tilescale_shown", None)
+        if decided is not None:          # the same record at another of tilelang's handlers: the same answer
+            return decided
+        shown = record.levelno >= self.level
+        if shown and logging.WARNING <= record.levelno < logging.ERROR:
             key = (record.name, _NUMBERS_AND_NAMES.sub("#", str(record.msg)))
             with _lock:
-                if key in self.seen:
-                    return False
+                shown = key not in self.seen
                 self.seen.add(key)
-        prefix = rank_prefix()
-        if prefix and not getattr(record, "_tilescale_prefixed", False):
-            record.msg = prefix + str(record.msg)
-            record._tilescale_prefixed = True
-        return True
+        if shown:
+            record.msg = rank_prefix() + str(record.msg)
+        record._tilescale_shown = shown
+        return shown
 
 
 _FILTER = TilelangFilter()
