@@ -109,8 +109,9 @@ def test_a_tilelang_level_set_by_the_user_is_kept(tl_log):
 
 
 def test_tilescale_applies_the_log_settings_where_it_builds_and_starts(menv):
-    """compile, build and init_distributed apply TILESCALE_LOG before anything else."""
-    from tilescale import build_only, kernel_build, runtime
+    """compile, build, batches and init_distributed apply TILESCALE_LOG before anything else."""
+    import tilescale
+    from tilescale import batch, build_only, kernel_build, runtime
 
     class Applied(Exception):
         pass
@@ -120,6 +121,7 @@ def test_tilescale_applies_the_log_settings_where_it_builds_and_starts(menv):
 
     menv.setattr(logs, "apply", apply)
     for call in (lambda: kernel_build.compile_kernel(None), lambda: build_only.build(None),
-                 lambda: runtime.init_distributed()):
+                 lambda: batch.run([lambda: None], None), lambda: runtime.init_distributed(),
+                 lambda: tilescale.build_all([lambda: None])):
         with pytest.raises(Applied):
             call()

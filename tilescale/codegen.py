@@ -1,6 +1,7 @@
 """Source-level adjustments of distributed kernels, through tilelang's public CUDA post-processing hook
 (``tilelang.register_cuda_postproc``). They apply only while tilescale builds a distributed kernel
-(:func:`distributed_build`), and chain to a post-processor registered before tilescale's.
+(:func:`distributed_build`), and chain to a post-processor registered before tilescale's. The same hook tells
+:func:`on_generate`'s listeners that a kernel is being built (not taken from a cache).
 
 1. ``#include <tilescale/tilescale.cuh>`` at the top (NVSHMEM for the build mode, module init, ops).
 2. No ``__restrict__`` on kernel parameters: tilelang marks read-only parameters
@@ -53,6 +54,12 @@ def transform(code: str, build_mode: str) -> str:
 
 
 def _postproc(code: str, target) -> str:
+    listener = getattr(_state, "listener", None)
+    if listener is not None:
+        try:
+            listener()
+        except Exception:  # noqa: BLE001  (a progress display must not fail a build)
+            pass
     if _previous is not None:
         code = _previous(code, target)
     mode = getattr(_state, "build_mode", None)
@@ -86,3 +93,16 @@ def distributed_build(build_mode: str) -> Iterator[None]:
         yield
     finally:
         _state.build_mode = prev
+
+
+@contextlib.contextmanager
+def on_generate(callback) -> Iterator[None]:
+    """Within this block (this thread), `callback()` is called each time tilelang generates a kernel's CUDA, i.e.
+    when a kernel is really being built rather than taken from a cache (tilescale.batch's progress line)."""
+    install()
+    prev = getattr(_state, "listener", None)
+    _state.listener = callback
+    try:
+        yield
+    finally:
+        _state.listener = prev
