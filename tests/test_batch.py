@@ -1,8 +1,9 @@
 """Batches of kernel builds (tilescale/batch.py): side by side up to TILESCALE_BUILD_JOBS, one progress line on
 rank 0 only while kernels are really built (nothing for cache hits, nothing on other ranks), kernels compiled in a
-batch are the ones ``fn(*args)`` returns (no second compile through tilelang's cache), and prebuild builds
-through batches. No nvcc: a "build" here is tilelang's lowering of a small kernel (its code generation is
+batch are the ones ``fn(*args)`` returns (no second compile through tilelang's cache), and the ops and prebuild
+build through batches. No nvcc: a "build" here is tilelang's lowering of a small kernel (its code generation is
 what tells a real build from a cache hit), or a stand-in."""
+import inspect
 import threading
 
 import pytest
@@ -147,6 +148,33 @@ def test_par_compile_is_a_batch(menv):
     assert all(t.startswith("tilescale-build") for t in seen), seen
     with pytest.raises(RuntimeError, match="no 3"):
         fn.par_compile([(64, 3)])
+
+
+def test_ops_compile_their_kernels_as_one_batch(menv):
+    """Op.build compiles through a batch (a progress line for a single kernel too), and an op with several
+    kernels hands all of them to one batch before it builds them one by one."""
+    from tilescale.ops import allgather_gemm, base, gemm_reduce_scatter
+
+    batches = []
+    menv.setattr(tilescale.batch, "compile_all", lambda jobs, **kw: batches.append((list(jobs), kw)))
+    op = object.__new__(base.Op)
+    op.NAME = "Fake"
+
+    class Fn:
+        compile_tir = None
+
+        def __call__(self, *args):
+            raise RuntimeError("stop after the batch")
+
+    fn = Fn()
+    with pytest.raises(RuntimeError, match="stop after the batch"):
+        op.build(fn, (1, 2))
+    assert batches == [([(fn, (1, 2))], {"label": "Fake kernels"})]
+    src = inspect.getsource(allgather_gemm.AGGemm.__init__)
+    ahead = src.index("self.compile_ahead(jobs + ([(fn, a[:-3], dict(profile=True, own=a[-2], sms=a[-1]))")
+    assert ahead < src.index("self.build(fn, jobs[0][1]") < src.index("fn(*a[:-3], profile=True")
+    src = inspect.getsource(gemm_reduce_scatter.GemmRS.__init__)
+    assert src.index("self.compile_ahead(jobs)") < src.index("self.build(gemm_fn")
 
 
 def test_prebuild_compiles_in_one_batch(menv):
