@@ -102,6 +102,28 @@ def test_lines_carry_the_rank_in_a_job_of_several_ranks(tl_log, menv):
     assert logs.rank_prefix() == "" and logs.is_rank0()
 
 
+def test_records_of_others_at_a_handler_shared_with_tilelang_pass_unchanged(tl_log, menv):
+    """A handler on tilelang's logger may also be the root's (pytest attaches its capture to every logger that does
+    not propagate): the filter leaves every other logger's records alone."""
+    logs.apply()
+    menv.setenv("WORLD_SIZE", "2")
+    menv.setenv("RANK", "1")
+    mine = logging.getLogger("myapp")
+    saved = mine.level, mine.propagate
+    mine.setLevel(logging.DEBUG)
+    mine.propagate = False
+    mine.addHandler(tl_log)                             # the handler now on both loggers
+    try:
+        mine.debug("debug of %s", "myapp")
+        mine.warning("twice")
+        mine.warning("twice")
+    finally:
+        mine.removeHandler(tl_log)
+        mine.setLevel(saved[0])
+        mine.propagate = saved[1]
+    assert tl_log.lines == ["debug of myapp", "twice", "twice"]
+
+
 def test_a_tilelang_level_set_by_the_user_is_kept(tl_log):
     logging.getLogger("tilelang").setLevel(logging.ERROR)     # tilelang.set_log_level("ERROR")
     logs.apply()

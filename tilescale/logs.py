@@ -64,9 +64,9 @@ _NUMBERS_AND_NAMES = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`|0x[0-9a-fA-F]+|\d+(
 
 
 class TilelangFilter(logging.Filter):
-    """On tilelang's handlers: a record below `level` is dropped (a child logger of tilelang's may have a level of
-    its own: its kernel cache logs at DEBUG), and so is a warning whose text (numbers and quoted names aside) was
-    shown already in this process; every record shown gets the rank prefix."""
+    """On tilelang's handlers, for tilelang's records only: a record below `level` is dropped (a child logger of
+    tilelang's may have a level of its own: its kernel cache logs at DEBUG), and so is a warning whose text (numbers
+    and quoted names aside) was shown already in this process; every record shown gets the rank prefix."""
 
     def __init__(self):
         super().__init__("tilescale")
@@ -74,6 +74,8 @@ class TilelangFilter(logging.Filter):
         self.level = logging.WARNING
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "tilelang" and not record.name.startswith("tilelang."):
+            return True                  # a handler tilelang's logger shares with others (the root's): theirs pass
         decided = getattr(record, "_tilescale_shown", None)
         if decided is not None:          # the same record at another of tilelang's handlers: the same answer
             return decided
