@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-WORKERS = max(1, min(4, os.cpu_count() or 1))
+WORKERS = max(1, len(os.sched_getaffinity(0)))     # the cores (tilescale.batch's default)
 
 
 class Builds:

@@ -43,11 +43,8 @@ def test_no_gpu_compiles_and_exits_2(tmp_path):
     assert "needs 2 GPUs, found 0" in r.stderr, out
     assert "compiled" in r.stdout, out
     assert "for world size 2" in r.stdout, out        # WORLD_SIZE came from GPUS
-    built = re.findall(r"^built (\S+\.so) ", r.stdout, re.M)
-    assert built, out
     libs = sorted((cache / "kernels").glob("*/kernel_lib.so"))   # where tilescale.build keeps its libraries
     assert libs, f"no library was built in {cache}/kernels\n{out}"
-    assert {Path(b) for b in built} <= set(libs), (built, libs)
     assert all(lib.stat().st_size > 0 for lib in libs)
     assert not list(tmp.iterdir()), f"the build left files in TMPDIR: {sorted(tmp.iterdir())}"
 

@@ -74,7 +74,7 @@ def test_behaviour_variables_are_what_tests_clear():
     per_run = {s.name for s in env.SETTINGS if s.per_run}
     assert per_run == {"TILESCALE_CACHE_DIR", "TILESCALE_WAIT_TIMEOUT_S", "TILESCALE_COMPILE_ONLY",
                        "TILESCALE_RANKS_PER_GPU", "TILESCALE_MPS", "TILESCALE_SKIP_DOCTOR", "TILESCALE_NVCC_TIMEOUT_S",
-                       "TILESCALE_NODE_SIZE", "TILESCALE_JOB_DIR"}
+                       "TILESCALE_NODE_SIZE", "TILESCALE_JOB_DIR", "TILESCALE_BUILD_JOBS"}
     cleared = env.behaviour_variables()
     for s in env.SETTINGS:
         for n in (s.name, *s.aliases):

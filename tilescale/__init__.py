@@ -26,6 +26,8 @@ _LAZY = {
     "jit": ("tilescale.compiler", "jit"),
     "compile": ("tilescale.compiler", "compile"),
     "build": ("tilescale.compiler", "build"),
+    "compile_all": ("tilescale.batch", "compile_all"),
+    "build_all": ("tilescale.batch", "build_all"),
     "DistributedKernel": ("tilescale.compiler", "DistributedKernel"),
     "resolve_execution_backend": ("tilescale.backend", "resolve_execution_backend"),
     "resolve_backend": ("tilescale.backend", "resolve_backend"),
@@ -40,7 +42,8 @@ _LAZY = {
     "get_remote_ptr": ("tilescale.symm", "get_remote_ptr"),
 }
 _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "build_modes", "runtime", "analysis",
-               "codegen", "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler", "compat")
+               "codegen", "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler", "compat", "batch",
+               "logs")
 
 
 def barrier(stream=None) -> None:

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import codegen, compat
+from . import codegen, compat, logs
 from .arch import default_target
 from .backend import BackendSpec, resolve_backend, split_pass_configs
 from .cache_files import build_once, private_dir, record_path, why_invalid, write_atomically
@@ -49,6 +49,7 @@ def build(func, target=None, pass_configs=None, compile_flags=None, *, build_mod
     later build of the same kernel returns them without lowering or running nvcc. Nothing is left in TMPDIR."""
     from tvm.target import Target
 
+    logs.apply()
     tl_pc, _ = split_pass_configs(pass_configs)
     spec = resolve_backend(func, "auto", pass_configs, build_mode)
     tgt = Target(default_target(target) or {"kind": "cuda", "arch": "sm_90a"}, "c")

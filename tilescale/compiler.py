@@ -91,12 +91,35 @@ class TileScaleJITImpl(compat.jit_impl_base()):
                 raise
             raise _stringized_annotations_error(fn, e) from e
 
+    def __post_init__(self):
+        super().__post_init__()
+        self._compiled: dict[tuple, object] = {}   # compile_tir's kernels, by memo_key
+
+    def memo_key(self, args, kwargs) -> tuple | None:
+        """What identifies one compiled kernel of this function in this process: its arguments (as bound to the
+        signature, defaults applied) and the settings read when it is compiled that shape it; None when an
+        argument cannot be a key (then nothing is remembered)."""
+        try:
+            bound = self.signature.bind(*args, **(kwargs or {}))
+            bound.apply_defaults()
+            key = (tuple(bound.arguments.items()), settings.wait_timeout_s, settings.node_size, settings.build_mode,
+                   settings.use_distributed, settings.check_symmetric, settings.target)
+            hash(key)
+        except (TypeError, ValueError):
+            return None
+        return key
+
     def compile(self, *args, **kwargs):
-        return self.compile_tir(self.get_tir(*args, **kwargs), args, kwargs)
+        """``fn(*args)``'s compile (tilelang calls it on a miss of its own per-function cache): a kernel that
+        compile_tir made for the same arguments (a batch of builds, tilescale.batch) is returned as it is, not
+        compiled a second time through tilelang's cache."""
+        key = self.memo_key(args, kwargs)
+        done = self._compiled.get(key) if key is not None else None
+        return done if done is not None else self.compile_tir(self.get_tir(*args, **kwargs), args, kwargs)
 
     def compile_tir(self, pf, args=(), kwargs=None):
         """Compile an already elaborated PrimFunc of this function (elaborate in one thread, compile in
-        many: see tilescale.ops.prebuild)."""
+        many: see tilescale.batch); remembered for ``fn(*args, **kwargs)`` when `args` / `kwargs` are given."""
         if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compile_only.py)
             from .compile_only import BuiltKernel
 
@@ -113,27 +136,30 @@ class TileScaleJITImpl(compat.jit_impl_base()):
             name = getattr(self.func, "__name__", "jit_kernel")
             with open(os.path.join(self.debug_root_path, f"tilescale_jit_kernel_{name}.cu"), "w") as f:
                 f.write(k.get_kernel_source())
+        if args or kwargs:
+            key = self.memo_key(args, kwargs)
+            if key is not None:
+                self._compiled[key] = k
         return k
 
     def par_compile(self, configs, num_workers: int | None = None, ignore_error: bool = False):
-        import concurrent.futures as cf
+        """tilelang's par_compile, as one batch of tilescale.batch (threads up to TILESCALE_BUILD_JOBS, one
+        progress line on rank 0): the kernel of each config (a dict of keyword arguments or a tuple of positional
+        ones), None for a failed one when `ignore_error`."""
+        from . import batch
 
         configs = list(configs)
-        tirs = [(self.get_tir(**c) if isinstance(c, dict) else self.get_tir(*c)) for c in configs]  # one thread
-
-        def one(i):
-            cfg = configs[i]
-            try:
-                return (self.compile_tir(tirs[i], (), cfg) if isinstance(cfg, dict)
-                        else self.compile_tir(tirs[i], cfg))
-            except Exception:
-                if ignore_error:
-                    log.warning("compiling %r failed", cfg, exc_info=True)
-                    return None
-                raise
-
-        with cf.ThreadPoolExecutor(num_workers or min(len(configs), 8) or 1) as ex:
-            return list(ex.map(one, range(len(configs))))
+        jobs = [(self, (), c) if isinstance(c, dict) else (self, tuple(c)) for c in configs]
+        out = []
+        for cfg, r in zip(configs, batch.run(jobs, batch.compile_job, workers=num_workers, lookup=batch.compiled),
+                          strict=True):
+            if isinstance(r, BaseException):
+                if not ignore_error:
+                    raise r
+                log.warning("compiling %r failed", cfg, exc_info=r)
+                r = None
+            out.append(r)
+        return out
 
     def build(self, *args, target=None, **kwargs) -> BuildResult:
         """Compile and link without loading (GPU-less machines); see :func:`tilescale.compiler.build`."""

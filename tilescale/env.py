@@ -170,6 +170,13 @@ class OptionalPath(Text):
         return Path(value).expanduser() if value.strip() else None
 
 
+def _available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return str(Path(base) / "tilescale")
@@ -265,6 +272,11 @@ class Settings:
         "longest time one nvcc run of tilescale (a kernel, the runtime shim) may take before it is stopped with "
         "an error naming the file being built (0 = no limit); prebuild's ranks wait for their local rank 0 up to "
         "this times the number of kernels", per_run=True)
+    build_jobs = Count(
+        "TILESCALE_BUILD_JOBS", lambda: _available_cores(),
+        "kernels built side by side (threads; one nvcc each) where tilescale builds several at once: an op's "
+        "kernels, prebuild, tilescale.compile_all / build_all (default: the cores this process may use)",
+        per_run=True)
 
     @contextlib.contextmanager
     def scope(self, **values) -> Iterator[Settings]:

@@ -12,7 +12,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from . import build_modes, codegen, compat
+from . import build_modes, codegen, compat, logs
 from .arch import check_target_arch, default_target
 from .backend import BackendSpec, nvshmem_compile_flags, resolve_backend, split_pass_configs
 from .cache_files import file_lock, private_dir, tilelang_cache_dir
@@ -171,6 +171,7 @@ def compile_kernel(func, out_idx=None, execution_backend=None, target=None, targ
     kernel without distributed ops, else the distributed build (cython backend, NVSHMEM, the build mode)."""
     from tilelang.jit import compile as tl_compile
 
+    logs.apply()
     tl_pc, _ = split_pass_configs(pass_configs)
     spec = resolve_backend(func, execution_backend, pass_configs, build_mode)
     target = default_target(target)

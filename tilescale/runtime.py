@@ -229,8 +229,10 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         import torch
         import torch.distributed as dist
 
+        from . import logs
         from .discovery import find_nvshmem
 
+        logs.apply()
         # CUDA lazy loading deadlocks a kernel that spins on a signal while the kernel that sets it is
         # loaded later; load modules eagerly unless the user chose otherwise (only effective before
         # CUDA is initialised in this process; tilescale also loads its own modules eagerly).

@@ -11,6 +11,7 @@ a peer, and a rank receiving nothing at all). Protocol: tilescale/ops/all_to_all
 """
 import argparse
 
+import tilescale
 from tilescale import testing
 from tilescale.ops import prebuild as pb
 from tilescale.ops.all_to_all import AllToAll, all_to_all_kernel, all_to_all_single
@@ -140,7 +141,7 @@ def prebuild(world_size: int) -> None:
 
 
 def build(world_size: int) -> None:
-    print(f"built {all_to_all_kernel.build(world_size, max(4, world_size)).library}")
+    tilescale.build_all([(all_to_all_kernel, (world_size, max(4, world_size)))])
 
 
 def test_all_to_all_compiles_for_sm90():

@@ -137,9 +137,8 @@ def run(info, rows: int = 4096, cols: int = 1024, iters: int = 5, burst_calls: i
 def build(world_size: int) -> None:
     from tilescale.ops.allgather import default_blocks_per_peer
 
-    for bpp in sorted({default_blocks_per_peer(4096 * 1024 * 2, world_size), 2, 8}):
-        r = allgather_kernel.build(world_size, bpp, "bfloat16")
-        print(f"built {r.library}")
+    tilescale.build_all([(allgather_kernel, (world_size, bpp, "bfloat16"))
+                         for bpp in sorted({default_blocks_per_peer(4096 * 1024 * 2, world_size), 2, 8})])
 
 
 def test_allgather_compiles_for_sm90():

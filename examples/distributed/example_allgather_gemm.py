@@ -58,9 +58,8 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
 
 
 def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 1024) -> None:
-    for own in (True, False) if world_size > 1 else (True,):    # the GEMM of the own rows, then of the others'
-        r = ag_gemm_kernel.build(M, N, K, world_size, 4, own=own)
-        print(f"built {r.library}")
+    tilescale.build_all([(ag_gemm_kernel, (M, N, K, world_size, 4), {"own": own})   # the own rows' GEMM, the others'
+                         for own in ((True, False) if world_size > 1 else (True,))])
 
 
 def test_ag_gemm_compiles_for_sm90():

@@ -116,9 +116,8 @@ def prebuild(world_size: int) -> None:
 
 
 def build(world_size: int) -> None:
-    for fn, args in ((allreduce_one_shot_kernel, (world_size, 16, "bfloat16")),
-                     (allreduce_two_shot_kernel, (world_size, 32, "bfloat16"))):
-        print(f"built {fn.build(*args).library}")
+    tilescale.build_all([(allreduce_one_shot_kernel, (world_size, 16, "bfloat16")),
+                         (allreduce_two_shot_kernel, (world_size, 32, "bfloat16"))])
 
 
 def test_allreduce_compiles_for_sm90():

@@ -10,6 +10,7 @@ against NCCL. Protocol: tilescale/ops/broadcast_from_root.py.
 """
 import argparse
 
+import tilescale
 from tilescale import testing
 from tilescale.ops import prebuild as pb
 from tilescale.ops.broadcast_from_root import Broadcast, broadcast, broadcast_kernel
@@ -94,7 +95,7 @@ def prebuild(world_size: int) -> None:
 
 
 def build(world_size: int) -> None:
-    print(f"built {broadcast_kernel.build(world_size, 8).library}")
+    tilescale.build_all([(broadcast_kernel, (world_size, 8))])
 
 
 def test_broadcast_compiles_for_sm90():

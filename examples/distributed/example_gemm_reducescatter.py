@@ -80,8 +80,7 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
 def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 2048) -> None:
     from tilescale.ops.gemm_reduce_scatter import kernels
 
-    for fn, args in kernels(M, N, K // world_size, world_size, "bfloat16"):   # the path this job takes
-        print(f"built {fn.build(*args).library}")
+    tilescale.build_all(kernels(M, N, K // world_size, world_size, "bfloat16"))   # the path this job takes
 
 
 def test_gemm_rs_compiles_for_sm90():

@@ -10,6 +10,7 @@ order, rounded once) and against NCCL within the dtype's tolerance. Protocol: ti
 """
 import argparse
 
+import tilescale
 from tilescale import testing
 from tilescale.ops import prebuild as pb
 from tilescale.ops.reduce_scatter import ReduceScatter, reduce_scatter_kernel, reduce_scatter_tensor
@@ -110,7 +111,7 @@ def prebuild(world_size: int) -> None:
 
 
 def build(world_size: int) -> None:
-    print(f"built {reduce_scatter_kernel.build(world_size, 16, 'bfloat16').library}")
+    tilescale.build_all([(reduce_scatter_kernel, (world_size, 16, "bfloat16"))])
 
 
 def test_reduce_scatter_compiles_for_sm90():

@@ -62,9 +62,10 @@ def run(info, rows: int = 64, cols: int = 256, mode: str = "auto", iters: int = 
 
 
 def build(world_size: int, mode: str = "auto") -> None:
-    r = ring_put_kernel.build(64, 256, world_size) if mode == "auto" else \
+    if mode == "auto":
+        tilescale.build_all([(ring_put_kernel, (64, 256, world_size))])
+    else:
         tilescale.build(ring_put_kernel.get_tir(64, 256, world_size), build_mode=mode)
-    print(f"built {r.library} ({r.spec.reason})")
 
 
 # ----------------------------------------------------------------------------- collected as tests

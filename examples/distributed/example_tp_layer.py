@@ -505,8 +505,9 @@ def run(info, rows: int, H: int, Fd: int, compile_backend: str, graph_replays: i
 
 def build(world_size: int, rows: int = 200, H: int = 512, Fd: int = 1024) -> None:
     """Compile-only (no GPU): the fused kernels of the block (the collectives build on first use)."""
-    for fn, args in fused_jobs(world_size, rows, H, Fd):
-        print(f"built {fn.build(*args).library}", flush=True)
+    import tilescale
+
+    tilescale.build_all(fused_jobs(world_size, rows, H, Fd))
 
 
 def main() -> None:

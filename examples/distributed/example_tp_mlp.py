@@ -344,8 +344,9 @@ def extras(dist, ref_dist, builtin, rank, W, H, device, on_gpu) -> None:
 
 def build(world_size: int) -> None:
     """Compile-only (no GPU): every tilescale kernel the program launches, for the default sizes."""
-    for fn, args in collective_jobs(world_size, 256, 1024):
-        print(f"built {fn.build(*args).library}", flush=True)
+    import tilescale
+
+    tilescale.build_all(collective_jobs(world_size, 256, 1024))
 
 
 def main(argv=None) -> None:

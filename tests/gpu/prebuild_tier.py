@@ -9,7 +9,6 @@ The lists below name each test's kernels with the arguments it uses, and the dev
 with (it is part of a distributed kernel's cache key: the fault tests run with 0, 3 or 5 s, the rest with the
 tier's 30 s). A kernel left out, or listed with other arguments, is still compiled by its test, only later
 (and once per job: the ranks of a job take turns, tilescale.compile). Needs a GPU (tilelang's load step)."""
-import concurrent.futures as cf
 import dataclasses
 import importlib
 import os
@@ -123,13 +122,13 @@ def all_jobs(sizes: list[int]) -> list:
 def main(sizes: list[int]) -> int:
     t0 = time.time()
     work = all_jobs(sizes)
-    failed = 0
-    with cf.ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as ex:
-        futures = {ex.submit(fn): label for label, fn in work}
-        for f in cf.as_completed(futures):
-            if f.exception() is not None:      # its test compiles it again and reports the error
-                failed += 1
-                print(f"prebuild_tier: {futures[f]}: {type(f.exception()).__name__}: {f.exception()}", flush=True)
+    from tilescale import batch
+
+    failed = 0      # side by side up to the cores (TILESCALE_BUILD_JOBS), one progress line
+    for (label, _), r in zip(work, batch.run([fn for _, fn in work], None, label="the tier's kernels"), strict=True):
+        if isinstance(r, BaseException):       # its test compiles it again and reports the error
+            failed += 1
+            print(f"prebuild_tier: {label}: {type(r).__name__}: {r}", flush=True)
     print(f"prebuild_tier: {len(work) - failed} of {len(work)} kernels for world sizes {sizes} in "
           f"{time.time() - t0:.0f} s", flush=True)
     return 0

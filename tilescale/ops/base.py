@@ -95,11 +95,25 @@ class Op:
         torch.cuda.current_stream(self.device).synchronize()
         return self.counters
 
+    def compile_ahead(self, jobs) -> None:
+        """Compile this op's kernels (``(fn, args)`` or ``(fn, args, kwargs)``) side by side, as one batch with one
+        progress line on rank 0 (tilescale.batch), before :meth:`build` takes them one by one from memory. A kernel
+        that fails here is compiled again by build(), which raises its error as it does."""
+        from ..batch import compile_all
+
+        try:
+            compile_all(jobs, label=f"{self.NAME} kernels")
+        except Exception:  # noqa: BLE001  (build() raises it, as it does without a batch)
+            pass
+
     def build(self, fn, args: tuple, names: tuple | None = None):
-        """(kernel, direct entry or None): ``fn(*args)`` compiled and loaded, and its C entry point when its
-        parameters are `names` (+ the stream). A kernel that TVM cannot build because a size of this problem does not
-        fit its 32-bit indices (sizes the op's own checks did not foresee) is an OpArgumentError naming the op and its
-        arguments, raised alike on every rank (the same arguments, agreed), once the op's buffers are freed."""
+        """(kernel, direct entry or None): ``fn(*args)`` compiled (through :meth:`compile_ahead`, unless it was
+        already) and loaded, and its C entry point when its parameters are `names` (+ the stream). A kernel that TVM
+        cannot build because a size of this problem does not fit its 32-bit indices (sizes the op's own checks did
+        not foresee) is an OpArgumentError naming the op and its arguments, raised alike on every rank (the same
+        arguments, agreed), once the op's buffers are freed."""
+        if hasattr(fn, "compile_tir"):
+            self.compile_ahead([(fn, args)])
         try:
             kernel = fn(*args)
         except Exception as e:

@@ -401,6 +401,7 @@ class GemmRS(Op):
             check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][5])
         W = self.world_size
         self.path = path
+        self.compile_ahead(jobs)                   # its kernels side by side; build() takes them
         (gemm_fn, self.gemm_args) = jobs[0]
         self.block_m, block_n = self.gemm_args[5], self.gemm_args[6]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype

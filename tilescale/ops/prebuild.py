@@ -1,17 +1,17 @@
-"""Compile many kernels at once, ahead of use: one process compiles in threads (nvcc runs in parallel),
-the other ranks wait and then load from the kernel cache.
+"""Compile many kernels at once, ahead of use: one process compiles in threads (tilescale.batch: nvcc runs in
+parallel, up to the cores), the other ranks wait and then load from the kernel cache.
 
     jobs = prebuild.ag_gemm_jobs([(8192, 8192, 2048)], world_size=4, dtype="bfloat16")
     prebuild.on_local_rank0(jobs)     # collective: local rank 0 compiles, everyone waits, all hit the cache
 """
-import concurrent.futures as cf
-import os
 import time
 
 
 def unique(jobs) -> list:
     """`jobs` without repeats of the same (jit function, args), in order."""
-    return list({(id(fn), args): (fn, args) for fn, args in jobs}.values())
+    from ..batch import unique as _unique
+
+    return _unique(jobs)
 
 
 def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
@@ -49,20 +49,14 @@ def collective_jobs(world_size: int, sizes, dtypes=("bfloat16",), sms: int = 132
 
 
 def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float:
-    """Compile (and load) every job in a thread pool; returns the seconds it took."""
+    """Compile (and load) every job side by side (tilescale.batch: TILESCALE_BUILD_JOBS threads, one progress
+    line on rank 0 while kernels are really built, nothing when every one came from the caches); returns the
+    seconds it took. `verbose`: the progress line (rank 0)."""
+    from ..batch import compile_all as _compile_all
+
     t0 = time.time()
-    jobs = unique(jobs)   # a kernel listed twice would be elaborated and compiled twice
-    workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2, 32))
-
-    tirs = [(fn, fn.get_tir(*args), args) for fn, args in jobs]  # elaborate in this thread
-
-    with cf.ThreadPoolExecutor(workers) as ex:
-        for f in cf.as_completed([ex.submit(fn.compile_tir, pf, args) for fn, pf, args in tirs]):
-            f.result()
-    dt = time.time() - t0
-    if verbose:
-        print(f"prebuild: {len(jobs)} kernels in {dt:.0f} s ({workers} threads)", flush=True)
-    return dt
+    _compile_all(unique(jobs), workers=workers, progress=None if verbose else False)
+    return time.time() - t0
 
 
 _calls = 0   # on_local_rank0 calls in this process: every rank makes the same ones (it is collective)
