@@ -134,9 +134,11 @@ def test_launch_sh_removes_the_files_of_its_own_ranks_only(tmp_path):
             p.unlink(missing_ok=True)
 
 
+# one write per line: the ranks share the launcher's stdout, and print() may write a line and its newline apart,
+# so that two ranks' lines run together
 SHOW_JOB_DIR = r"""
 import os
-print(f"[rank {os.environ['RANK']}] JOB_DIR={os.environ.get('TILESCALE_JOB_DIR', '-')}", flush=True)
+os.write(1, f"[rank {os.environ['RANK']}] JOB_DIR={os.environ.get('TILESCALE_JOB_DIR', '-')}\n".encode())
 """
 
 
@@ -153,7 +155,7 @@ def test_launch_sh_passes_its_job_directory_in_shared_mode_only(tmp_path, gpus_f
     e.update(PYTHON=str(py), GPUS="2", TILESCALE_RANKS_PER_GPU="2", TILESCALE_SKIP_DOCTOR="1", TMPDIR=str(tmp_path))
     r = subprocess.run(["bash", str(LAUNCH), str(script)], capture_output=True, text=True, timeout=300, env=e)
     assert r.returncode == 0, r.stdout + r.stderr
-    dirs = set(re.findall(r"JOB_DIR=(\S+)", r.stdout))
+    dirs = set(re.findall(r"JOB_DIR=([^\s\[]+)", r.stdout))
     assert len(re.findall(r"\[rank \d\] JOB_DIR=", r.stdout)) == 2, r.stdout
     if shared:
         (d,) = dirs
