@@ -191,7 +191,6 @@ def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool
     return [p != rank and (same_gpu(p) or not mapped(p)) for p in range(world_size)]
 
 
-ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up to half the speed of 16 MiB ones
 PULL_MAX_CHUNKS = 4
 
@@ -222,7 +221,10 @@ def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | N
     down to a divisor of the row tiles of a shard."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     tiles_per_rank = M // world_size // cfg.block_m
-    chunks = chunks or pull_chunks(M // world_size * K * ELEMENT_BYTES.get(dtype, 2))
+    if not chunks:
+        import torch
+
+        chunks = pull_chunks(M // world_size * K * vectors.element_size(getattr(torch, dtype)))
     while tiles_per_rank % chunks:
         chunks -= 1
     args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
