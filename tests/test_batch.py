@@ -197,3 +197,34 @@ def test_code_generation_tells_listeners_in_its_thread_only():
         t.join()
     tilescale.compiler.lower_source(tiny.get_tir(256))
     assert heard == [threading.current_thread().name]
+
+
+def test_workers_load_kernels_on_the_callers_cuda_device(menv):
+    """A worker compiles and loads a kernel; the current CUDA device is per thread (a new thread's is 0), so a rank
+    of GPU 2 whose workers ran on device 0 got kernels it could not launch. Each job runs with the caller's device."""
+    import contextlib
+
+    import torch
+
+    entered = []
+
+    @contextlib.contextmanager
+    def device(d):
+        entered.append((threading.get_ident(), d))
+        yield
+
+    menv.setattr(torch.cuda, "is_initialized", lambda: True)
+    menv.setattr(torch.cuda, "current_device", lambda: 2)
+    menv.setattr(torch.cuda, "device", device)
+    got = batch.run([threading.get_ident] * 3, None, workers=3, progress=False)
+    assert got and all((ident, 2) in entered for ident in got)
+    assert any(ident != threading.get_ident() for ident in got)      # the jobs ran in workers
+
+
+def test_no_cuda_no_device_set(menv):
+    """Where CUDA is not initialized (a build machine), the workers set no device (nothing initializes CUDA)."""
+    import torch
+
+    menv.setattr(torch.cuda, "is_initialized", lambda: False)
+    menv.setattr(torch.cuda, "device", lambda d: pytest.fail("a device was set"))
+    assert batch.run([lambda: 1, lambda: 2], None, workers=2, progress=False) == [1, 2]

@@ -18,6 +18,7 @@ ranks print nothing.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -121,9 +122,11 @@ def run(jobs: Iterable, make: Callable, *, label: str = "kernels", workers: int 
     show = logs.is_rank0() if progress is None else progress
     bar = Progress(len(calls), label, show)
 
+    device = _callers_device()
+
     def one(call):
         try:
-            with codegen.on_generate(bar.building):
+            with codegen.on_generate(bar.building), _on_device(device):
                 return call()
         except BaseException as e:  # noqa: BLE001  (returned: the caller decides)
             return e
@@ -140,6 +143,30 @@ def run(jobs: Iterable, make: Callable, *, label: str = "kernels", workers: int 
             ex.shutdown(wait=False, cancel_futures=True)
     finally:
         bar.close()
+
+
+def _callers_device() -> int | None:
+    """The CUDA device current in the calling thread, where CUDA is initialized in this process (else None: nothing
+    to carry, and nothing here initializes CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+@contextlib.contextmanager
+def _on_device(device: int | None):
+    """The block run with `device` current in this thread. The current CUDA device is per thread and a new thread's
+    is device 0, while a worker that compiles a kernel also loads it (its module, its shared-memory attribute, its
+    NVSHMEM state) on the current device: a rank of GPU 2 would get kernels loaded on GPU 0, whose launch on GPU 2
+    fails with an invalid argument."""
+    if device is None:
+        yield
+        return
+    import torch
+
+    with torch.cuda.device(device):
+        yield
 
 
 def raise_first(results: list) -> list:
