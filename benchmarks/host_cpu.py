@@ -213,7 +213,15 @@ def make_ag_gemm(W):
         op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
         op._direct_own = (counted("kernel direct launch", c_noop([VP] * 4)), lambda: b"")
         op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail; unused by older trees)
-    if hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1) and the direct launch
+    if hasattr(cls, "_plan_push") and W > 1:   # this tree: every peer on another GPU of this node pushes
+        op.protocol, op.streams = "push", op.streams[:1]
+        op._arrived_on = [0x500000 + 0x1000 * p for p in range(W)]
+        op._start, op._joins = FakeEvent(), [FakeEvent()]
+        op._slot_stale, op._stream_ops = False, shim.ts_stream_ops
+        op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
+        op.launch_path = "direct"
+        op._plan_push()
+    elif hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1), the direct launch
         op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
         op.launch_path = "direct"
         joins = [0x7001 + j for j in range(len(op.streams))]

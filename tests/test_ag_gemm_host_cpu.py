@@ -201,7 +201,7 @@ def _shim(log, with_ops=True):
     return ns
 
 
-def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
+def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol="pull"):
     """An AGGemm without GPU pieces: CPU buffers, fake streams, flags at made-up addresses; peers in `near` are on
     this node (a view of their A_full), the others are reached with NVSHMEM; peers in `gpu` share this rank's GPU."""
     op = object.__new__(agm.AGGemm)
@@ -217,7 +217,9 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
     op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
-    op.streams = [log.Stream(0x6000 + j) for j in range(W)]      # a copy stream per peer, the local stream
+    op.protocol = protocol
+    # pull: a copy stream per peer, the local stream; push: one copy stream
+    op.streams = [log.Stream(0x6000 + j) for j in range(1 if protocol == "push" else W)]
     op._peers = [torch.zeros(W * rows, K, dtype=torch.float16) if p in near else None for p in range(W)]
     op._pull_first = [p in gpu and p != rank for p in range(W)]
     op._flag_at = {"ready": [0x100000 + 0x1000 * p + 8 * rank for p in range(W)],
@@ -225,6 +227,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
     op._ready_here = [0x300000 + 8 * q for q in range(W)]
     op._freed_here = [0x400000 + 8 * q for q in range(W)]
     op._arrived_at = [op.arrived.data_ptr() + 8 * i for i in range(W * chunks)]
+    op._arrived_on = [0x500000 + 0x1000 * p + 8 * rank * chunks for p in range(W)]
     op._slot = op.a_full[rank * rows:(rank + 1) * rows]
     op.kernels_prof, op.tiles, op._last_a = None, [1, 1], None
     op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail)
@@ -238,7 +241,11 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=()):
     op._start, op._copied = (log.Event(name=n) for n in ("start", "copied"))
     op._joins = [log.Event(name="join") for _ in op.streams]
     op._pulled = [log.Event(name="pulled") for _ in range(W - 2)]
-    if W > 1:
+    op._start.cuda_event, op._joins[0].cuda_event = START, JOIN0
+    op._slot_stale, op._stream_ops = False, op.rt.shim.ts_stream_ops if with_ops else None
+    if W > 1 and protocol == "push":
+        op._plan_push()
+    elif W > 1:
         op._plan(a_full=op.a_full.data_ptr(), row_bytes=K * 2,
                  peer_at=[None if t is None else t.data_ptr() for t in op._peers],
                  streams=[s.cuda_stream for s in op.streams], events=dict(start=START, copied=COPIED),
@@ -508,12 +515,13 @@ def test_the_gemm_takes_its_direct_entry():
 
 def test_the_cpu_harness_runs():
     """benchmarks/host_cpu.py (the CPU-side Python cost per call; stand-ins for every CUDA call) runs and finds two
-    direct launches and three shim calls per AG+GEMM call at world size 4, one direct launch alone at 1."""
+    direct launches and two shim calls per AG+GEMM call at world size 4 (the push protocol: every peer on another
+    GPU), one direct launch alone at 1."""
     cmd = [sys.executable, str(REPO / "benchmarks" / "host_cpu.py"), "--calls", "200", "--world", "1", "4"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout
     assert "NOT a GPU measurement" in r.stdout
-    for W, calls in ((1, "1: kernel direct launch x1"), (4, "5: kernel direct launch x2, shim ts_stream_ops x3")):
+    for W, calls in ((1, "1: kernel direct launch x1"), (4, "4: kernel direct launch x2, shim ts_stream_ops x2")):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"AG+GEMM op(a, b, out=c), W={W} "))
         assert row.endswith(calls), row
     assert "AllGather ag(x)" in r.stdout and "1: kernel direct launch x1" in r.stdout
@@ -530,3 +538,93 @@ def test_pull_chunks_keep_copies_of_16_mib():
     # 48 MiB shards: 3 copies of 24 row tiles (12288 rows, K = 8192); of 8 row tiles (4096, K = 24576): 2
     assert agm.kernels(12288, 2048, 8192, 4, "bfloat16")[1][1][4] == 3
     assert agm.kernels(4096, 2048, 24576, 4, "bfloat16")[1][1][4] == 2
+
+
+# ------------------------------------------------------------------------------------------ the push protocol
+def test_push_where_every_peer_is_on_another_gpu_of_this_node():
+    """The push protocol where every copy runs on a copy engine (every peer mapped here, none on this GPU); pull
+    where a peer shares this rank's GPU or is on another node."""
+    near = lambda *ps: [p in ps for p in range(4)]  # noqa: E731
+    distinct = lambda p: p == 1  # noqa: E731      (rank 1's GPU is its own)
+    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct) == "push"
+    assert agm.protocol_for(2, 1, near(0), distinct) == "push"
+    assert agm.protocol_for(4, 1, near(0, 2), distinct) == "pull"                       # rank 3 on another node
+    assert agm.protocol_for(4, 1, near(0, 2, 3), lambda p: p in (0, 1)) == "pull"       # rank 0 shares my GPU
+
+
+@pytest.mark.parametrize("W,rank", [(2, 0), (3, 1), (4, 2)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_push_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, contiguous):
+    """The push protocol's two shim calls around the GEMMs issue what its step-by-step path (the profiled call)
+    issues: the same operations, streams, addresses and values, in the same order."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, set(range(W)), protocol="push")
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        assert op._call_steps(a, b, c, None) is c
+    steps, log.ops = log.ops, []
+    with log.Mode():
+        assert op(a, b, out=c) is c
+    assert log.ops == steps
+    assert [o[0] for o in log.ops].count("GEMM") == 2
+
+
+@pytest.mark.parametrize("W,rank", [(2, 1), (4, 1), (4, 3)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_pushes_start_with_the_call(fake_cuda, W, rank, contiguous):
+    """Push (module docstring): the copy stream's operations are all issued before the first GEMM and wait for
+    nothing but the call's start and each peer's ``freed`` flag (here); my rows go to rank-1 first (it reads them
+    first), in chunks, straight from `a_local` when it can be read as it is (else from my rows of A_full, filled
+    on the main stream first), each chunk followed by its ``arrived`` write on that peer. The main stream waits for
+    no flag: after the second GEMM it waits for the pushes, zeroes ``arrived`` and then tells every peer it may
+    write again (``freed``)."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, set(range(W)), protocol="push")
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        op(a, b, out=c)
+    ops = log.ops
+    first, second = (i for i, o in enumerate(ops) if o[0] == "GEMM")
+    h = op.streams[0].cuda_stream
+    mine = [(i, o) for i, o in enumerate(ops) if o[1] == h]
+    assert all(i < first for i, _ in mine)
+    mine = [o for _, o in mine]
+    src = a.data_ptr() if contiguous else op._slot.data_ptr()
+    step = op.rows // op.chunks * op.K * 2
+    want = [(so.EVENT_WAIT, h, "start")]
+    for j in range(1, W):
+        dst = (rank - j) % W
+        want += [(so.WAIT_GEQ, h, op._freed_here[dst], 1, 0, 0), (so.WRITE, h, op._freed_here[dst], 0, 0, 0)]
+        at = op._peers[dst].data_ptr() + rank * op.rows * op.K * 2
+        for ch in range(op.chunks):
+            want += [(so.COPY, h, at + ch * step, src + ch * step, step, 0),
+                     (so.WRITE, h, op._arrived_on[dst] + 8 * ch, 1, 0, 0)]
+    assert mine == want + [(so.EVENT_RECORD, h, "join")]
+    main = [o for o in ops if o[1] == MAIN]
+    assert not [o for o in main if o[0] == so.WAIT_GEQ]
+    assert ops[first][2] == src
+    assert ops[second + 1:] == [(so.EVENT_WAIT, MAIN, "join"),
+                                (so.ZERO, MAIN, op.arrived.data_ptr(), 0, op.arrived.nbytes, 0)] + \
+        [(so.WRITE, MAIN, op._flag_at["freed"][q], 1, 0, 0) for q in range(W) if q != rank]
+
+
+def test_push_gathered_copies_my_rows_in_once(fake_cuda):
+    """A push call sends my rows from `a_local` without copying them into A_full: gathered() does, once per call
+    (a call that copied a non-contiguous `a_local` into A_full leaves nothing to do)."""
+    log = fake_cuda
+    op = _ag_gemm(log, 4, 2, set(range(4)), protocol="push")
+    a, b, c = _args(op)
+    a.copy_(torch.arange(a.numel(), dtype=torch.float16).view_as(a))
+    op(a, b, out=c)
+    log.ops = []
+    with log.Mode():
+        g = op.gathered()
+        assert g is op.a_full and torch.equal(g[2 * op.rows:3 * op.rows], a)
+        op.gathered()
+    assert [o[0] for o in log.ops] == [so.COPY]
+    a2, _, _ = _args(op, contiguous=False)
+    op(a2, b, out=c)
+    log.ops = []
+    with log.Mode():
+        op.gathered()
+    assert log.ops == []

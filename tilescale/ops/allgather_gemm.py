@@ -6,15 +6,39 @@ torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
     C = A @ B
 
 How it overlaps: communication starts when the call starts and runs beside the GEMM. The GEMM starts at once on
-this rank's own rows, read where they are (`a_local`). Meanwhile this rank's shard is copied into its slot of the
-symmetric gathered buffer (``A_full``), where peers pull it from, and the copy engines pull the other shards over
-NVLink (no SM taken from the GEMM), one peer after another (rank+1, rank+2, ...: 3 peers pulled at once shared
-the engines and all arrived late). A second launch of the GEMM computes the other ranks' rows in that order, each
-tile waiting only for its chunk of rows. A rank of another node (``TILESCALE_NODE_SIZE`` included, per
-:func:`tilescale.topology.current`) has no peer view: its chunks come by NVSHMEM's on-stream get
-(``nvshmemx_getmem_on_stream``). At world size 1 the call is the first GEMM alone, on `a_local`.
+this rank's own rows, read where they are (`a_local`); a second launch of the GEMM computes the other ranks' rows
+in the order they arrive (rank+1's first, then rank+2's, ...), each tile waiting only for its chunk of rows. Two
+protocols move the rows, chosen by topology (:func:`protocol_for`). At world size 1 the call is the first GEMM
+alone, on `a_local`.
 
-Signal protocol of one call. Flags are set to 1 by their one writer and reset to 0 by their one reader, so no
+Push (every peer on another GPU of this node: every copy runs on a copy engine, no SM is taken from the GEMM).
+Flags: ``arrived[q, chunk]`` (symmetric, here): rank q's chunk is in my ``A_full``; ``freed[q]`` (symmetric,
+here): rank q has read my rows of its ``A_full`` of the last call and zeroed its ``arrived`` (1 before the first
+call). Each is set to 1 by its one writer and reset by its one reader.
+
+1. main stream: an event ``start`` (after the work enqueued before the call);
+2. the copy stream, from ``start``, for dst = rank-1, rank-2, ... (dst reads my rows first when I am its rank+1):
+   wait until ``freed[dst] >= 1``, set it to 0;
+3. for each chunk of my rows: a copy-engine copy from `a_local` into dst's ``A_full`` through its mapping, then a
+   stream write ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
+4. main stream: the GEMM of my own rows from `a_local`;
+5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
+   ``arrived[src, chunk] >= 1`` (acquire, system scope);
+6. main stream: wait for ``pushed`` (the call ends after its reads of `a_local`), zero ``arrived``, then
+   ``freed[me] = 1`` on every peer.
+
+My rows are not copied into my own ``A_full`` by the call (a copy within one GPU needs SMs): ``gathered()`` copies
+them in when asked. A non-contiguous (or not 16-byte aligned) `a_local` is copied into my rows of ``A_full`` by
+torch on the main stream first and pushed from there. Unlike pulling (below), no copy kernel of my rows competes
+with the first GEMM for SMs before the peers may read them.
+
+Pull (a peer shares this rank's GPU, or is on another node). This rank's shard is copied into its slot of the
+symmetric gathered buffer (``A_full``), where peers pull it from, and the copy engines pull the other shards over
+NVLink one peer after another (rank+1, rank+2, ...). A rank of another node (``TILESCALE_NODE_SIZE`` included, per
+:func:`tilescale.topology.current`) has no peer view: its chunks come by NVSHMEM's on-stream get
+(``nvshmemx_getmem_on_stream``).
+
+Signal protocol of a pull call. Flags are set to 1 by their one writer and reset to 0 by their one reader, so no
 value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and replays and
 eager calls may be interleaved. No barrier, and no flag that needs an SM: stream memory operations
 (``cuStreamWaitValue64`` / ``cuStreamWriteValue64``), on a peer's flag through its mapping, or NVSHMEM's on-stream
@@ -191,6 +215,13 @@ def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool
     return [p != rank and (same_gpu(p) or not mapped(p)) for p in range(world_size)]
 
 
+def protocol_for(world_size: int, rank: int, near, same_gpu) -> str:
+    """"push" when every peer is on another GPU of this node (``near[p]``: mapped here; ``same_gpu(p)``: on this
+    rank's GPU), where every copy runs on a copy engine; else "pull" (module docstring)."""
+    others = [p for p in range(world_size) if p != rank]
+    return "push" if all(near[p] and not same_gpu(p) for p in others) else "pull"
+
+
 PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up to half the speed of 16 MiB ones
 PULL_MAX_CHUNKS = 4
 
@@ -293,21 +324,26 @@ class AGGemm(Op):
         self.freed = self.symmetric((W,), torch.uint64, zero=True)
         self.freed.fill_(1)     # no peer reads my slot before the first call (a peer sets it only after that)
         torch.cuda.current_stream().synchronize()
-        self.arrived = torch.zeros(W * self.chunks, dtype=torch.uint64, device=self.rt.device)
-        # a copy stream per peer (step 4), then the local stream (step 2)
-        self.streams = [torch.cuda.Stream(priority=-1) for _ in range(W)]
-        # a peer of this node: a torch view of its A_full (copy-engine pulls) and the addresses of its flags
+        # written by the peers (push) or by this rank's copy streams (pull): symmetric for the first
+        self.arrived = self.symmetric((W * self.chunks,), torch.uint64, zero=True)
+        # a peer of this node: a torch view of its A_full (copy-engine copies) and the addresses of its flags
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
+        same_gpu = self.rt.info.same_gpu
+        self.protocol = protocol_for(W, self.rank, near, same_gpu)
+        # push: one copy stream; pull: a copy stream per peer (step 4), then the local stream (step 2)
+        self.streams = [torch.cuda.Stream(priority=-1) for _ in range(1 if self.protocol == "push" else W)]
         # pulls that need an SM are done before the second GEMM (step 4)
         shim, at = self.rt.shim, self.a_full.data_ptr()
-        self._pull_first = pulls_needing_sms(W, self.rank, self.rt.info.same_gpu,
-                                             lambda p: near[p] or bool(shim.ts_ptr(at, p)))
+        self._pull_first = pulls_needing_sms(W, self.rank, same_gpu, lambda p: near[p] or bool(shim.ts_ptr(at, p)))
         self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
         # my word of a flag on rank p: through its mapping, or the symmetric address for NVSHMEM's signal
         self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
                                 for p in range(W)] for name, f in (("ready", self.ready), ("freed", self.freed))}
+        # push: rank p's arrived flags of my chunks, through its mapping
+        self._arrived_on = [symm.get_remote_ptr(self.arrived, p) + 8 * self.rank * self.chunks if near[p] else None
+                            for p in range(W)]
         self._ready_here = [self.ready.data_ptr() + 8 * q for q in range(W)]     # rank q's word here
         self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
         self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
@@ -322,12 +358,48 @@ class AGGemm(Op):
         for e in (self._start, self._copied, *self._joins, *self._pulled):
             e.record(main)
         main.synchronize()
+        self._slot_stale = False    # push: my rows of A_full not copied in by the last call (gathered() does it)
+        self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
+        if self.protocol == "push":
+            self._plan_push()
+            return
         self._plan(a_full=self.a_full.data_ptr(), row_bytes=self.K * self.a_full.element_size(),
                    peer_at=[None if t is None else t.data_ptr() for t in self._peers],
                    streams=[s.cuda_stream for s in self.streams],
                    events=dict(start=self._start.cuda_event, copied=self._copied.cuda_event),
                    joins=[e.cuda_event for e in self._joins], pulled=[e.cuda_event for e in self._pulled],
                    arrived=self.arrived.data_ptr(), arrived_bytes=self.arrived.nbytes)
+
+    def _plan_push(self) -> None:
+        """The push protocol's programs (module docstring, "Push"): ``_first`` (the call's start, then steps 2-3 on
+        the copy stream; the source of each copy, op ``_push_ops[i]``, set per call to the call's rows) and
+        ``_post`` (step 6)."""
+        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
+        step_bytes = rows // chunks * self.K * self.a_full.element_size()
+        row_bytes = self.K * self.a_full.element_size()
+        a_full = self.a_full.data_ptr()
+        first = so.Program([s.cuda_stream for s in self.streams])
+        first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
+        first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
+        self._push_ops = []       # (op index, byte offset in the call's rows)
+        for j in range(1, W):                                                                # 2, 3
+            dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
+            first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1)
+            first.add(so.WRITE, self._freed_here[dst], 0, stream=1)
+            at = self._peers[dst].data_ptr() + r * rows * row_bytes
+            for ch in range(chunks):
+                i = first.add(so.COPY, at + ch * step_bytes, 0, step_bytes, stream=1)
+                self._push_ops.append((i, ch * step_bytes))
+                first.add(so.WRITE, self._arrived_on[dst] + 8 * ch, 1, stream=1)
+        first.add(so.EVENT_RECORD, self._joins[0].cuda_event, stream=1)
+        post = so.Program([s.cuda_stream for s in self.streams])
+        post.add(so.EVENT_WAIT, self._joins[0].cuda_event)                                   # 6
+        post.add(so.ZERO, self.arrived.data_ptr(), 0, self.arrived.nbytes)
+        for q in range(W):
+            if q != r:
+                post.add(so.WRITE, self._flag_at["freed"][q], 1)
+        self._first, self._post = first.seal(), post.seal()
+        self._push_at = [first.array[i] for i, _ in self._push_ops]
 
     def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
               pulled: list, arrived: int, arrived_bytes: int) -> None:
@@ -416,12 +488,18 @@ class AGGemm(Op):
         self._pre, self._post = program(pre), program(post)
         self._copy_at = head
         self._a_local_op = self._first.array[head]     # a view into the program: its source is set per call
-        self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
 
     def gathered(self):
         """The gathered A of the last call: this op's buffer (the next call overwrites it); at world size 1, the
-        `a_local` of the last call itself (nothing is gathered, and no copy is made)."""
-        return self._last_a if self.world_size == 1 else self.a_full
+        `a_local` of the last call itself (nothing is gathered, and no copy is made). With the push protocol the call
+        sends this rank's rows to the peers straight from `a_local`: they are copied into the buffer here, from the
+        last call's `a_local` (on the current stream, once per call)."""
+        if self.world_size == 1:
+            return self._last_a
+        if self._slot_stale:
+            self._slot.copy_(self._last_a)
+            self._slot_stale = False
+        return self.a_full
 
     def _validate(self, a_local, b, out) -> None:
         """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides: a
@@ -486,6 +564,8 @@ class AGGemm(Op):
         fn = self._stream_ops
         if fn is None:     # a shim without ts_stream_ops
             return self._call_steps(a_local, b, out, None)
+        if self.protocol == "push":
+            return self._call_push(fn, a_local, b, out, m)
         if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 and 4 in one shim call; a_local an op
             self._a_local_op.b = a_local.data_ptr()
             self._first.run(fn, m, "AGGemm")
@@ -497,6 +577,22 @@ class AGGemm(Op):
             a = self._slot
         self._gemm_own(a, b, out, m)                                                           # 1
         self._pre.run(fn, m, "AGGemm")                                                         # 3
+        self._gemm_peers(b, out, m)                                                            # 5
+        self._post.run(fn, m, "AGGemm")                                                        # 6
+        return out
+
+    def _call_push(self, fn, a_local, b, out, m):
+        """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
+            a, self._last_a, self._slot_stale = a_local, a_local, True
+        else:     # copied into my rows of A_full on the main stream first (torch), pushed from there
+            self._slot.copy_(a_local)
+            a, self._last_a, self._slot_stale = self._slot, None, False
+        base = a.data_ptr()
+        for op, (_, off) in zip(self._push_at, self._push_ops, strict=True):
+            op.b = base + off
+        self._first.run(fn, m, "AGGemm")                                                       # 1-3
+        self._gemm_own(a, b, out, m)                                                           # 4
         self._gemm_peers(b, out, m)                                                            # 5
         self._post.run(fn, m, "AGGemm")                                                        # 6
         return out
@@ -522,6 +618,8 @@ class AGGemm(Op):
             self._last_a = a_local
             gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c, *self.tail[0]), True)
             return c
+        if self.protocol == "push":
+            return self._push_steps(a_local, b, c, rec, gemm, prof)
         a_full = self.a_full
         peers = [(r + j) % W for j in range(1, W)]
         local = self.streams[-1]
@@ -587,6 +685,53 @@ class AGGemm(Op):
             main.wait_event(self._joins[j])
         self.arrived.zero_()
         return c
+
+
+    def _push_steps(self, a_local, b, c, rec, gemm, prof):
+        """The push protocol's call step by step (:meth:`_call_steps`)."""
+        import torch
+
+        main, s, shim = torch.cuda.current_stream(), self.streams[0], self.rt.shim
+        W, r, rows = self.world_size, self.rank, self.rows
+        step = rows // self.chunks
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
+            a, self._last_a, self._slot_stale = a_local, a_local, True
+        else:
+            self._slot.copy_(a_local)
+            a, self._last_a, self._slot_stale = self._slot, None, False
+        self._start.record(main)                                                            # 1
+        s.wait_event(self._start)
+        h = s.cuda_stream
+        for j in range(1, W):                                                               # 2, 3
+            dst = (r - j) % W
+            _ok(shim.ts_stream_wait_geq_u64(h, self._freed_here[dst], 1), "stream wait", "freed", dst)
+            _ok(shim.ts_stream_write_u64(h, self._freed_here[dst], 0), "stream write", "freed", dst)
+            with torch.cuda.stream(s):
+                if rec is not None:
+                    rec.copies_begin(s, dst, "to")
+                for ch in range(self.chunks):
+                    rows_ = slice(r * rows + ch * step, r * rows + (ch + 1) * step)
+                    self._peers[dst][rows_].copy_(a[ch * step:(ch + 1) * step], non_blocking=True)
+                    _ok(shim.ts_stream_write_u64(h, self._arrived_on[dst] + 8 * ch, 1), "stream write", "arrived",
+                        dst)
+                    if rec is not None:
+                        rec.copy_done(s, dst, ch, step * self.K * a.element_size())
+        self._joins[0].record(s)
+        gemm(self.kernel_own, prof[0], self.tiles[0], (a, b, c, *self.tail[0]), False)          # 4
+        gemm(self.kernel, prof[1], self.tiles[1], (self.a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
+        main.wait_event(self._joins[0])                                                     # 6
+        self.arrived.zero_()
+        for q in range(W):
+            if q != r:
+                _ok(shim.ts_stream_write_u64(main.cuda_stream, self._flag_at["freed"][q], 1), "stream write",
+                    "freed", q)
+        return c
+
+
+def _ok(rc: int, what: str, flag: str, peer: int) -> None:
+    """A shim stream operation's result: RuntimeError naming it, its flag and the peer unless it is 0."""
+    if rc:
+        raise RuntimeError(f"AGGemm: {what} on flag {flag!r} of rank {peer} failed (CUresult {rc})")
 
 
 def _tma_ready(a):

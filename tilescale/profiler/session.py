@@ -460,13 +460,13 @@ class OpCall:
             s.flush()
 
     # copy-engine chunks (COPY events), stream by stream
-    def copies_begin(self, stream, src: int) -> None:
-        """Before the first chunk enqueued on `stream` (pulled from rank `src`)."""
+    def copies_begin(self, stream, src: int, direction: str = "from") -> None:
+        """Before the first chunk enqueued on `stream` (pulled from rank `src`; `direction` "to": pushed to it)."""
         s = self.s
         if not s.bits & _COPY:
             return
         self._copies_enqueued()
-        launch = s.start(EventType.LAUNCH, f"copies from rank {src}", self.call, src=src)
+        launch = s.start(EventType.LAUNCH, f"copies {direction} rank {src}", self.call, src=src)
         cs = CopyStream(stream, src, launch, s.track_of(stream))
         cs.marks.append((_record_event(stream), None))
         self.copies.append(cs)
