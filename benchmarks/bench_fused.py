@@ -98,27 +98,31 @@ def run_ag_gemm(info, shapes, dtype, quick):
         g = torch.Generator(device="cuda").manual_seed(rank)
         a = torch.randn(M // W, K, device="cuda", dtype=dtype, generator=g)
         b = (torch.randn(K, N, device="cuda", dtype=dtype, generator=g) / K ** 0.5)
-        op = tilescale.ops.AGGemm(M, N, K, dtype)
+        op = tilescale.ops.AGGemm(M, N, K, dtype)      # its path: the committed table (ops/fused_paths.py)
+        fop = op if op.fused else tilescale.ops.AGGemm(M, N, K, dtype, fused=True)   # the fused kernels
         c = torch.empty(M, N, device="cuda", dtype=dtype)
         a_full = torch.empty(M, K, device="cuda", dtype=dtype)
         dist.all_gather_into_tensor(a_full, a)
         ref = a_full @ b
-        op(a, b, out=c)
-        torch.cuda.synchronize()
-        err = ((c.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-        if not err < 2e-2:
-            raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N}: relative error {err:.3g} vs torch")
+        for o in {op, fop}:
+            c.fill_(float("nan"))
+            o(a, b, out=c)
+            torch.cuda.synchronize()
+            err = ((c.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            if not err < 2e-2:
+                raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N} (fused={o.fused}): relative error "
+                                     f"{err:.3g} vs torch")
         it = 5 if quick else 20
         if W > 1:   # the GEMMs alone: every chunk marked as arrived, both launches reading the gathered buffer
-            landed = torch.ones_like(op.arrived)
-            slot = op.gathered()[rank * (M // W):(rank + 1) * (M // W)]
+            landed = torch.ones_like(fop.arrived)
+            slot = fop.gathered()[rank * (M // W):(rank + 1) * (M // W)]
 
             def ts_gemm():
-                op.kernel_own(slot, b, c, *op.tail[0])
-                op.kernel(op.gathered(), b, c, landed, *op.tail[1])
+                fop.kernel_own(slot, b, c, *fop.tail[0])
+                fop.kernel(fop.gathered(), b, c, landed, *fop.tail[1])
         else:       # the GEMM of the own rows is all there is
             def ts_gemm():
-                op.kernel_own(a, b, c, *op.tail[0])
+                fop.kernel_own(a, b, c, *fop.tail[0])
         fns = dict(
             nccl=lambda: dist.all_gather_into_tensor(a_full, a),
             cublas=lambda: torch.matmul(a_full, b, out=ref),
@@ -126,11 +130,14 @@ def run_ag_gemm(info, shapes, dtype, quick):
             tilescale=lambda: op(a, b, out=c),
             ts_gemm=ts_gemm,
         )
+        if fop is not op:   # the op took the unfused path: its fused kernels timed too (benchmarks/fused_paths.py)
+            fns["ts_fused"] = lambda: fop(a, b, out=c)
         if ag_mm is not None and _works("ag_mm", lambda: ag_mm(a, [b], 0, group)):
             fns["async_tp"] = lambda: ag_mm(a, [b], 0, group)
         t = timer(fns, it)
-        rows.append(dict(op="ag_gemm", M=M, K=K, N=N, **t))
-        op.close()
+        rows.append(dict(op="ag_gemm", M=M, K=K, N=N, path="fused" if op.fused else "unfused", **t))
+        for o in {op, fop}:
+            o.close()
     return rows
 
 
@@ -222,7 +229,9 @@ def report(rows, W, title) -> str:
         M, K, N = r["M"], r["K"], r["N"]
         flop = 2.0 * M * N * (K if r["op"] == "ag_gemm" else K // W)
         table.append([f"{M}x{K}x{N}", f"{r['nccl']:.0f}", f"{r['cublas']:.0f}", f"{r['nccl_cublas']:.0f}",
-                      f"{atp:.0f}" if atp else "-", f"{r['tilescale']:.0f}", f"{ideal:.0f}",
+                      f"{atp:.0f}" if atp else "-",
+                      f"{r['tilescale']:.0f}" + (f" (fused {r['ts_fused']:.0f})" if "ts_fused" in r else ""),
+                      f"{ideal:.0f}",
                       f"{r['ratio_to_ideal']:.2f}", f"{flop / (r['tilescale'] * 1e-6) / 1e12:.0f}",
                       f"{r['gemm_eff']:.2f}", f"{r['speedup_vs_nccl_cublas']:.2f}x",
                       f"{r['speedup_vs_async_tp']:.2f}x" if atp else "-",
@@ -231,6 +240,9 @@ def report(rows, W, title) -> str:
                                "ts/ideal", "TFLOP/s", "GEMM eff", "vs NCCL+cuBLAS", "vs async-TP", "target"], table)
     met = sum(r["target_met"] for r in rows)
     lines = [f"targets met on {met} of {len(rows)} rows"]
+    if any("ts_fused" in r for r in rows):
+        lines.append("(fused N): the op took NCCL then cuBLAS by tilescale/ops/fused_paths.json; its fused kernels "
+                     "took N us")
     idle = [r["_idle"] for r in rows if "_idle" in r]
     if idle:
         lines.append(f"interleaved timing: the GPU idle between calls for at most {max(idle):.1%} of a round")

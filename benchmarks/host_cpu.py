@@ -197,6 +197,7 @@ def make_ag_gemm(W):
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = M, N, K, dt, rows, chunks
     op.a_full = torch.zeros(M, K, dtype=dt)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
+    op.fused = True
     two_gemms = hasattr(cls, "_gemm_own")      # this tree: the GEMM of the own rows first, a local stream
     op.streams = [FakeStream(0x6000 + j) for j in range(W if two_gemms else max(1, W - 1))]
     peers = [torch.zeros(M, K, dtype=dt) if p != 0 else None for p in range(W)]   # every peer on this node

@@ -217,7 +217,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
     op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
-    op.protocol = protocol
+    op.protocol, op.fused = protocol, True
     # pull: a copy stream per peer, the local stream; push: one copy stream
     op.streams = [log.Stream(0x6000 + j) for j in range(1 if protocol == "push" else W)]
     op._peers = [torch.zeros(W * rows, K, dtype=torch.float16) if p in near else None for p in range(W)]

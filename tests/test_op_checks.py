@@ -249,6 +249,8 @@ CONSTRUCTION = [
      r"AGGemm: chunks: got -1"),
     ("AGGemm profile", lambda: ag_gemm.AGGemm(4096, 2048, 1024, torch.bfloat16, profile="yes"), OpArgumentTypeError,
      r"AGGemm: profile: got 'yes', expected a bool"),
+    ("AGGemm fused", lambda: ag_gemm.AGGemm(4096, 2048, 1024, torch.bfloat16, fused="no"), OpArgumentTypeError,
+     r"AGGemm: fused: got 'no', expected a bool \(or None: the committed table"),
     ("GemmRS fp32", lambda: gemm_rs.GemmRS(4096, 2048, 1024, torch.float32), OpArgumentError,
      r"GemmRS: dtype: got torch.float32, expected one of torch.bfloat16, torch.float16"),
     ("GemmRS K=0", lambda: gemm_rs.GemmRS(4096, 2048, 0, torch.bfloat16), OpArgumentError,

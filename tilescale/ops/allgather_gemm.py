@@ -268,7 +268,9 @@ class AGGemm(Op):
     """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
 
     `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
-    `out=` is given). The gathered A of the last call stays in ``op.gathered()``. `profile` (default
+    `out=` is given). The gathered A of the last call stays in ``op.gathered()``. `fused` (default: the committed
+    table, tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
+    (small M); ``op.fused`` says which path the op takes. `profile` (default
     TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel timestamps, used while a
     tilescale.profiler session records WAIT/TILE events.
     """
@@ -277,13 +279,19 @@ class AGGemm(Op):
     GRAPH_SAFE = True     # flags set and reset on the device (module docstring): no per-call host state
 
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
-                 profile: bool | None = None):
+                 profile: bool | None = None, fused: bool | None = None):
         import torch
 
         from .. import symm, topology
         from ..env import settings
+        from . import fused_paths
+        from .gemm import current_gpu
 
-        with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile) as agreed:
+        with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile,
+                            fused=fused) as agreed:
+            if fused is not None and not isinstance(fused, bool):
+                checks.fail("AGGemm", "fused", checks.describe(fused), "a bool (or None: the committed table, "
+                            "tilescale/ops/fused_paths.json)", type_error=True)
             profile = settings.profile_device if profile is None else profile
             check_problem("AGGemm", M, N, K, dtype, config, "K")
             checks.as_int("AGGemm", "chunks", chunks, allow_none=True)
@@ -292,12 +300,18 @@ class AGGemm(Op):
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
             kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, 0)   # its errors: agreed
+            if fused is None:   # agreed too: every rank takes the same path
+                fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
+            agreed["fused"] = self.fused = fused
+        self.M, self.N, self.K, self.dtype = M, N, K, dtype
+        self.rows = M // self.world_size
+        if not self.fused:    # NCCL then cuBLAS (tilescale/ops/fused_paths.py): no kernel, no symmetric buffer
+            self.launch_path, self._full = "unfused", None
+            return
         # the SM count (the last waves' split) read once every rank's arguments agreed: no rank queries its GPU, and
         # maybe fails alone, before the others learn whether the call was valid
         jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
         W, (fn, self.args) = self.world_size, jobs[-1]
-        self.M, self.N, self.K, self.dtype = M, N, K, dtype
-        self.rows = M // W
         self.chunks = self.args[4]
         self._last_a = None       # world size 1: the a_local of the last call (gathered())
         # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1); a split one takes
@@ -496,6 +510,8 @@ class AGGemm(Op):
         last call's `a_local` (on the current stream, once per call)."""
         if self.world_size == 1:
             return self._last_a
+        if not self.fused:
+            return self._full
         if self._slot_stale:
             self._slot.copy_(self._last_a)
             self._slot_stale = False
@@ -549,6 +565,8 @@ class AGGemm(Op):
 
     def __call__(self, a_local, b, out=None):
         m = self.begin(a_local, b, out)
+        if not self.fused:
+            return self._call_unfused(a_local, b, out)
         if profiling.current is not None:
             rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K)
             if rec is not None:
@@ -580,6 +598,16 @@ class AGGemm(Op):
         self._gemm_peers(b, out, m)                                                            # 5
         self._post.run(fn, m, "AGGemm")                                                        # 6
         return out
+
+    def _call_unfused(self, a_local, b, out):
+        """NCCL's AllGather into a buffer of this op, then ``torch.matmul`` (the op's torch equivalent)."""
+        import torch
+        import torch.distributed as dist
+
+        if self._full is None:
+            self._full = torch.empty(self.M, self.K, dtype=self.dtype, device=a_local.device)
+        dist.all_gather_into_tensor(self._full, a_local.contiguous())
+        return torch.matmul(self._full, b, out=out)
 
     def _call_push(self, fn, a_local, b, out, m):
         """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
