@@ -214,7 +214,7 @@ def make_ag_gemm(W):
         op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
         op._direct_own = (counted("kernel direct launch", c_noop([VP] * 4)), lambda: b"")
         op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail; unused by older trees)
-    if hasattr(cls, "_plan_push") and W > 1:   # this tree: every peer on another GPU of this node pushes
+    if hasattr(cls, "_plan_push") and W == 2:   # this tree: two ranks on two GPUs push (agm.protocol_for)
         op.protocol, op.streams = "push", op.streams[:1]
         op._arrived_on = [0x500000 + 0x1000 * p for p in range(W)]
         op._start, op._joins = FakeEvent(), [FakeEvent()]
@@ -225,6 +225,7 @@ def make_ag_gemm(W):
     elif hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1), the direct launch
         op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
         op.launch_path = "direct"
+        op.protocol, op._stream_ops = "pull", shim.ts_stream_ops     # (set by _plan in older trees)
         joins = [0x7001 + j for j in range(len(op.streams))]
         events = dict(events=dict(start=0x7100, copied=0x7101, gate=0x7000)) if two_gemms else dict(gate=0x7000)
         if "pulled" in inspect.signature(cls._plan).parameters:   # this tree: pulls from the call's start

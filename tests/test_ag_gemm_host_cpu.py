@@ -515,13 +515,14 @@ def test_the_gemm_takes_its_direct_entry():
 
 def test_the_cpu_harness_runs():
     """benchmarks/host_cpu.py (the CPU-side Python cost per call; stand-ins for every CUDA call) runs and finds two
-    direct launches and two shim calls per AG+GEMM call at world size 4 (the push protocol: every peer on another
-    GPU), one direct launch alone at 1."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / "host_cpu.py"), "--calls", "200", "--world", "1", "4"]
+    direct launches and three shim calls per AG+GEMM call at world size 4 (pull), two at 2 (push), one direct launch
+    alone at 1."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "host_cpu.py"), "--calls", "200", "--world", "1", "2", "4"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout
     assert "NOT a GPU measurement" in r.stdout
-    for W, calls in ((1, "1: kernel direct launch x1"), (4, "4: kernel direct launch x2, shim ts_stream_ops x2")):
+    for W, calls in ((1, "1: kernel direct launch x1"), (2, "4: kernel direct launch x2, shim ts_stream_ops x2"),
+                     (4, "5: kernel direct launch x2, shim ts_stream_ops x3")):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"AG+GEMM op(a, b, out=c), W={W} "))
         assert row.endswith(calls), row
     assert "AllGather ag(x)" in r.stdout and "1: kernel direct launch x1" in r.stdout
@@ -541,13 +542,16 @@ def test_pull_chunks_keep_copies_of_16_mib():
 
 
 # ------------------------------------------------------------------------------------------ the push protocol
-def test_push_where_every_peer_is_on_another_gpu_of_this_node():
-    """The push protocol where every copy runs on a copy engine (every peer mapped here, none on this GPU); pull
-    where a peer shares this rank's GPU or is on another node."""
+def test_push_for_two_ranks_on_two_gpus_of_this_node():
+    """The push protocol where every copy runs on a copy engine (the peer mapped here, not on this GPU) and the job
+    has two ranks; pull where a peer shares this rank's GPU or is on another node, and at more ranks (a second push
+    did not arrive on 4 distinct GPUs)."""
     near = lambda *ps: [p in ps for p in range(4)]  # noqa: E731
     distinct = lambda p: p == 1  # noqa: E731      (rank 1's GPU is its own)
-    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct) == "push"
     assert agm.protocol_for(2, 1, near(0), distinct) == "push"
+    assert agm.protocol_for(2, 1, near(), distinct) == "pull"                           # rank 0 on another node
+    assert agm.protocol_for(2, 1, near(0), lambda p: True) == "pull"                    # one GPU for both
+    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct) == "pull"
     assert agm.protocol_for(4, 1, near(0, 2), distinct) == "pull"                       # rank 3 on another node
     assert agm.protocol_for(4, 1, near(0, 2, 3), lambda p: p in (0, 1)) == "pull"       # rank 0 shares my GPU
 

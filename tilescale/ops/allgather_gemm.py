@@ -11,7 +11,7 @@ in the order they arrive (rank+1's first, then rank+2's, ...), each tile waiting
 protocols move the rows, chosen by topology (:func:`protocol_for`). At world size 1 the call is the first GEMM
 alone, on `a_local`.
 
-Push (every peer on another GPU of this node: every copy runs on a copy engine, no SM is taken from the GEMM).
+Push (two ranks on two GPUs of this node: every copy runs on a copy engine, no SM is taken from the GEMM).
 Flags: ``arrived[q, chunk]`` (symmetric, here): rank q's chunk is in my ``A_full``; ``freed[q]`` (symmetric,
 here): rank q has read my rows of its ``A_full`` of the last call and zeroed its ``arrived`` (1 before the first
 call). Each is set to 1 by its one writer and reset by its one reader.
@@ -216,10 +216,12 @@ def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool
 
 
 def protocol_for(world_size: int, rank: int, near, same_gpu) -> str:
-    """"push" when every peer is on another GPU of this node (``near[p]``: mapped here; ``same_gpu(p)``: on this
-    rank's GPU), where every copy runs on a copy engine; else "pull" (module docstring)."""
+    """"push" for two ranks on two GPUs of this node (``near[p]``: mapped here; ``same_gpu(p)``: on this rank's GPU),
+    where every copy runs on a copy engine; else "pull" (module docstring). Not yet at 3 or more ranks: on 4
+    distinct H200s a rank's second push never reached its peer, whose second GEMM waited until
+    TILESCALE_WAIT_TIMEOUT_S (docs/ag-gemm-overlap.md)."""
     others = [p for p in range(world_size) if p != rank]
-    return "push" if all(near[p] and not same_gpu(p) for p in others) else "pull"
+    return "push" if world_size == 2 and all(near[p] and not same_gpu(p) for p in others) else "pull"
 
 
 PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up to half the speed of 16 MiB ones
