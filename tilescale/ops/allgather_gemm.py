@@ -393,7 +393,6 @@ class AGGemm(Op):
         W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
         step_bytes = rows // chunks * self.K * self.a_full.element_size()
         row_bytes = self.K * self.a_full.element_size()
-        a_full = self.a_full.data_ptr()
         first = so.Program([s.cuda_stream for s in self.streams])
         first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
         first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
