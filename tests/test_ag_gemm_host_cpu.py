@@ -420,6 +420,33 @@ def test_every_stream_wait_is_watched_under_its_label(fake_cuda, contiguous):
     assert [o[4] for o in log.ops if o[0] == so.WAIT_GEQ] == [0] * 4 * (W - 1)
 
 
+def test_a_failed_stream_operation_raises_alike_on_both_paths(fake_cuda):
+    """A stream wait or write the driver refuses raises RuntimeError naming the op, the operation (a wait: its flag
+    and the rank that sets it) and the CUresult, in the fast path (one shim call for the program) and in the
+    profiled steps (one shim call each), which checked no status before."""
+    log = fake_cuda
+    op = _ag_gemm(log, 2, 0, {0, 1})
+    a, b, c = _args(op)
+    waits = r"stream wait \(>=\) for AGGemm's flag ready\[1\] \(set by rank 1\) on stream .*: CUresult 700"
+    program = op._stream_ops
+
+    def refuses_waits(streams_at, ops_at, n, failed_at):
+        kinds = [o[0] for o in _decode(streams_at, ops_at, n)]
+        ctypes.c_int.from_address(failed_at).value = kinds.index(so.WAIT_GEQ)
+        return 700
+    op._stream_ops = refuses_waits
+    with pytest.raises(RuntimeError, match=r"^AGGemm: op \d+ of \d+ failed: " + waits):
+        op(a, b, out=c)
+    op._stream_ops = program
+    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 700
+    with pytest.raises(RuntimeError, match=r"^AGGemm: " + waits):
+        op._call_steps(a, b, c, None)
+    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 0
+    op.rt.shim.ts_stream_write_u64 = lambda s, at, v: 1 if v == 1 else 0     # the flags' sets (1) fail
+    with pytest.raises(RuntimeError, match=r"^AGGemm: stream write on stream .*, b=0x1, .*: CUresult 1$"):
+        op._call_steps(a, b, c, None)
+
+
 def test_pulls_that_need_an_sm_are_from_my_gpu_or_unmapped_peers():
     """Copy kernels (a peer on my GPU) and NVSHMEM's proxy kernels (a peer without a mapping: another node) need an SM;
     a copy engine's pull from a mapped peer on another GPU does not; never myself."""

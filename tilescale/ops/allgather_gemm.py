@@ -544,7 +544,8 @@ class AGGemm(Op):
         """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 2 / 4)."""
         h = self.rt.shim
         if self._peers[pe] is not None:    # this node: a stream write through the mapping
-            h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1)
+            so.check(h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1), "AGGemm", so.WRITE, stream,
+                     self._flag_at[flag][pe], 1)
         else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
@@ -660,8 +661,9 @@ class AGGemm(Op):
                  for k, v in p.watches.items()}
 
         def wait(h, flag, q, at):     # wait for my flag `flag` of rank q (at `at`) to be 1, then reset it
-            shim.ts_stream_wait_geq_u64(h, at, 1, watch.get(_label(flag, q)))
-            shim.ts_stream_write_u64(h, at, 0)
+            so.check(shim.ts_stream_wait_geq_u64(h, at, 1, watch.get(_label(flag, q))), "AGGemm", so.WAIT_GEQ, h,
+                     at, 1, label=_label(flag, q))
+            so.check(shim.ts_stream_write_u64(h, at, 0), "AGGemm", so.WRITE, h, at)
 
         def local_steps(s2):                                                 # 2
             h2 = s2.cuda_stream
@@ -693,7 +695,8 @@ class AGGemm(Op):
                         else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
                             chunk = a_full[rows]
                             shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
-                        shim.ts_stream_write_u64(h, self._arrived_at[src * self.chunks + ch], 1)
+                        at = self._arrived_at[src * self.chunks + ch]
+                        so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
                         if rec is not None:
                             rec.copy_done(s, src, ch, a_full[rows].nbytes)
                     if j < W - 2:
