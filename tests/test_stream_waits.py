@@ -126,11 +126,11 @@ def test_a_wait_that_never_ends_is_said_published_and_stops_its_rank(exits, caps
     assert "flag at 0x7f0010 did not become >= 1" in msg and "TILESCALE_WAIT_TIMEOUT_S" in msg, msg
     other = start_dog(fake_rt(0), store)          # (a rank of its own: the table above is no longer overdue)
     try:
-        assert until(lambda: len(exits) == 2)
+        assert until(lambda: len(exits) >= 2)     # (os._exit is a stub: it stops it again at each poll)
     finally:
         other.stop.set()
         other.join(5)
-    assert exits == [1, 1]
+    assert set(exits) == {1}
     err = capsys.readouterr().err
     assert f"tilescale: {msg}" in err, err
     assert f"rank 0 stops: rank 1 failed: {msg}" in err, err
@@ -211,7 +211,9 @@ def test_a_device_wait_that_gave_up_names_the_stream_waits_it_may_have_waited_be
     for p in (before, after):
         p.run(issue, 0x5000)
     slot = (ctypes.c_uint64 * 4).from_address(before.watches[("AGGemm", "ready[1]", 1)])
-    slot[2] = time.monotonic_ns() - 4 * 10**9          # issued 4 s ago; the device wait began 3 s ago
+    slot[2] = time.monotonic_ns() - 4 * 10**9      # issued 4 s ago; the device wait began 3 s before the poll
+    slot = (ctypes.c_uint64 * 4).from_address(after.watches[("AGGemm", "freed[0]", 0)])
+    slot[2] = time.monotonic_ns() + 3600 * 10**9   # issued after it began, however late the watchdog polls
     store = FakeStore()
     rt = fake_rt(0)
     raw = struct.pack(diagnostics._FMT, 1, 0, 3, 0, 0, 3, 64, 0, 0, 0x10, 1, 0, int(3e9))
