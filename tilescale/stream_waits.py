@@ -99,11 +99,17 @@ class Table:
         self.words = (ctypes.c_uint64 * (WORDS * len(self.waits))).from_address(self.base)
         for i in range(len(self.waits)):
             self.words[WORDS * i + 3] = int(bound_s * 1e9)
-        _tables.add(self)
+        with _lock:     # (the watchdog's thread copies the set meanwhile)
+            _tables.add(self)
 
     def address(self, i: int) -> int:
         """The slot of wait `i` (what the shim takes: ``ts_watch*``)."""
         return self.base + 8 * WORDS * i
+
+
+def _live() -> list[Table]:
+    with _lock:
+        return list(_tables)
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ class Monitor:
     def poll(self, now_ns: int | None = None) -> Late | None:
         now = time.monotonic_ns() if now_ns is None else now_ns
         seen, first = {}, None
-        for table in list(_tables):
+        for table in _live():
             w = list(table.words)
             for i in range(len(table.waits)):
                 done, issued, at, bound = w[WORDS * i:WORDS * i + 4]
@@ -147,7 +153,7 @@ class Monitor:
         wait for chunks that a copy stream pulls once its wait for the peer's flag has ended)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         out = []
-        for table in list(_tables):
+        for table in _live():
             w = list(table.words)
             for i in range(len(table.waits)):
                 done, issued, at, bound = w[WORDS * i:WORDS * i + 4]
