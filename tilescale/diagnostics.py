@@ -167,6 +167,32 @@ def report_own_failure(rt, error: BaseException) -> None:
     publish_failure(rt, msg, wait=True)
 
 
+def synchronize_within(device, bound_s: float) -> bool:
+    """``torch.cuda.synchronize(device)``, waited for at most `bound_s` seconds (0: no bound); False when it had not
+    returned by then (it goes on in a daemon thread). Raises its error."""
+    import torch
+
+    if bound_s <= 0:
+        torch.cuda.synchronize(device)
+        return True
+    done, errors = threading.Event(), []
+
+    def sync():
+        try:
+            torch.cuda.synchronize(device)
+        except BaseException as e:  # noqa: BLE001  (raised by the caller)
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=sync, name="tilescale-finalize-sync", daemon=True).start()
+    if not done.wait(bound_s):
+        return False
+    if errors:
+        raise errors[0]
+    return True
+
+
 def late_ranks(store, key: str, rank: int, world_size: int, bound_s: float, poll_s: float = 0.02) -> list[int]:
     """Say in `store` that `rank` has reached the point named `key`, then wait for every rank to say so, at most
     `bound_s` seconds (0: no bound). Returns the ranks that had not arrived by then (empty when all did):

@@ -433,7 +433,7 @@ def _teardown(rt: Runtime) -> None:
     # The watchdog runs on until NVSHMEM is shut down: a stream wait of this rank that never ends is said and stops
     # the job (its synchronize would not return), and a rank that fails meanwhile stops this one (NVSHMEM's free
     # and shutdown would wait for it forever).
-    if not _synchronize_within(rt, settings.wait_timeout_s):
+    if not diagnostics.synchronize_within(rt.device, settings.wait_timeout_s):
         msg = (f"rank {rt.info.rank}: tilescale.finalize() gave up after {settings.wait_timeout_s:g} s "
                "(TILESCALE_WAIT_TIMEOUT_S) waiting for this rank's GPU work to end: a wait that nothing bounds (a "
                "stream wait of a call replayed from a CUDA graph, a kernel built with TILESCALE_WAIT_TIMEOUT_S=0) "
@@ -456,32 +456,6 @@ def _teardown(rt: Runtime) -> None:
     if failed:   # after the rest of the teardown, which does not depend on them
         raise TileScaleError(f"rank {rt.info.rank}: tilescale.finalize(): NVSHMEM's per-module finalize "
                              f"(nvshmemx_cumodule_finalize) failed for {'; '.join(failed)}")
-
-
-def _synchronize_within(rt: Runtime, bound_s: float) -> bool:
-    """``torch.cuda.synchronize()`` of this rank's GPU, waited for at most `bound_s` seconds (0: no bound); False
-    when it had not returned by then (it goes on in a daemon thread). Raises its error."""
-    import torch
-
-    if bound_s <= 0:
-        torch.cuda.synchronize(rt.device)
-        return True
-    done, errors = threading.Event(), []
-
-    def sync():
-        try:
-            torch.cuda.synchronize(rt.device)
-        except BaseException as e:  # noqa: BLE001  (raised by the caller)
-            errors.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=sync, name="tilescale-finalize-sync", daemon=True).start()
-    if not done.wait(bound_s):
-        return False
-    if errors:
-        raise errors[0]
-    return True
 
 
 def finalize_modules(rt: Runtime) -> list[str]:
