@@ -232,3 +232,22 @@ def test_a_device_wait_that_gave_up_names_the_stream_waits_it_may_have_waited_be
                      r"flag ready\[1\] \(set by rank 1\), issued \d+\.\d s ago$", msg), msg
     assert "freed[0]" not in msg and exits == []
     assert msg in capsys.readouterr().err
+
+
+def test_a_device_wait_that_gave_up_quotes_its_line(tmp_path):
+    """The record of a kernel's wait names the signal it waited for: the wait's line of source, quoted (AG+GEMM's
+    tiles: ``T.wait_until(arrived[...], ...)``), when the line can be read."""
+    from tilescale.language import distributed as D
+
+    src = tmp_path / "kernel.py"
+    src.write_text("x = 1\n    T.wait_until(arrived[src * chunks + chunk], cmp='ge', value=1)\n")
+    D.WAIT_SITES[424242] = f"{src}:2"
+    rec = dict(rank=0, block=3, thread=0, site=424242, cmp=3, bits=64, addr=0x10, expected=1, observed=0,
+               elapsed_ns=int(5e9))
+    try:
+        msg = diagnostics.describe(rec)
+        assert msg.endswith(". The wait: T.wait_until(arrived[src * chunks + chunk], cmp='ge', value=1)"), msg
+        D.WAIT_SITES[424242] = f"{tmp_path / 'gone.py'}:2"
+        assert "The wait:" not in diagnostics.describe(rec)
+    finally:
+        del D.WAIT_SITES[424242]

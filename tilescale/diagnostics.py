@@ -26,6 +26,7 @@ ago and has not passed it is said (rank, op, flag, the peer that sets it, addres
 1; then the watchdog ends its own process at once, since its streams can never go on (nothing traps: a main thread
 blocked in a synchronize would wait forever). The other ranks stop as in step 2.
 """
+import linecache
 import os
 import struct
 import sys
@@ -68,12 +69,14 @@ def describe(rec: dict) -> str:
         return ("a T.wait_until gave up (TILESCALE_WAIT_TIMEOUT_S) and the kernel was stopped before its record "
                 "was complete: which wait, and what it saw, are unknown")
     where = WAIT_SITES.get(rec["site"], f"wait #{rec['site']}")
+    path, _, line = where.rpartition(":")     # a kernel's line: its text names the signal (the flag) waited for
+    text = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
     cmp = _CMP_NAMES[rec["cmp"]] if 0 <= rec["cmp"] < len(_CMP_NAMES) else f"cmp {rec['cmp']}"
     return (f"rank {rec['rank']}, block {rec['block']}, thread {rec['thread']}: T.wait_until at {where} gave up "
             f"after {rec['elapsed_ns'] / 1e9:.1f} s waiting for the {rec['bits']}-bit signal at 0x{rec['addr']:x} "
             f"to become {cmp} {rec['expected']}; it was {rec['observed']}. The kernel was stopped "
             "(TILESCALE_WAIT_TIMEOUT_S); the peer that should set this signal did not: check the protocol, "
-            "or a rank that failed earlier")
+            "or a rank that failed earlier" + (f". The wait: {text}" if text else ""))
 
 
 def describe_late(rank: int, late: stream_waits.Late) -> str:
