@@ -10,6 +10,9 @@
   the caller chose otherwise. The user's kernel caches are kept (speed); tests that need a cold cache
   make their own temporary one.
 * torch's inductor cache (made when torch._dynamo loads) goes to a folder of the run's own, removed at its end.
+* So do pytest's temporary folders (``tmp_path``), unless ``--basetemp`` names one: under pytest's default,
+  /tmp/pytest-of-<user>, each run deletes all but the newest three runs' folders, those of a run still going beside
+  it too (two runs side by side: one's tests found their ``tmp_path`` gone).
 * The kernels of the selected compile tests are built ahead, in the background, while other tests run
   (tests/prebuild_cpu_tier.py).
 """
@@ -26,24 +29,31 @@ import pytest
 os.environ.setdefault("TILESCALE_WAIT_TIMEOUT_S", "30")
 
 
+@pytest.hookimpl(tryfirst=True)    # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config):
+    import tempfile
+
     # torch._dynamo (loaded by tilescale.ops.torch_ops and by torch.compile) makes its cache folder,
     # /tmp/torchinductor_<user>, as it loads: the tests (and the jobs they start) use one of their own, removed
     # when the run ends, so a test run leaves nothing in /tmp.
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        import tempfile
-
         config._tilescale_inductor_dir = tempfile.mkdtemp(prefix="tilescale-tests-inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._tilescale_inductor_dir
+    if config.option.basetemp is None:   # the run's own temporary folders (module docstring)
+        config._tilescale_basetemp = tempfile.mkdtemp(prefix="tilescale-tests-tmp-")
+        config.option.basetemp = os.path.join(config._tilescale_basetemp, "pytest")
 
 
 def pytest_unconfigure(config):
+    import shutil
+
     d = getattr(config, "_tilescale_inductor_dir", None)
     if d is not None:
-        import shutil
-
         shutil.rmtree(d, ignore_errors=True)
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    d = getattr(config, "_tilescale_basetemp", None)
+    if d is not None:
+        shutil.rmtree(d, ignore_errors=True)
 
 REPO_ROOT = Path(__file__).resolve().parent
 

@@ -145,7 +145,7 @@ def _common(op, cls, W, rank, shim):
 def shim_stub():
     return SimpleNamespace(
         ts_stream_write_u64=counted("shim ts_stream_write_u64", c_noop([VP, VP, U64])),
-        ts_stream_wait_geq_u64=counted("shim ts_stream_wait_geq_u64", c_noop([VP, VP, U64])),
+        ts_stream_wait_geq_u64=counted("shim ts_stream_wait_geq_u64", c_noop([VP, VP, U64, VP])),
         ts_getmem_on_stream=counted("shim ts_getmem_on_stream", c_noop([VP, VP, ctypes.c_size_t, I32, VP], None)),
         ts_signal_add_on_stream=counted("shim ts_signal_add_on_stream", c_noop([VP, U64, I32, VP], None)),
         ts_stream_ops=counted("shim ts_stream_ops", c_noop([VP, VP, I32, VP])))

@@ -380,7 +380,7 @@ def test_finalize_checks_each_modules_finalize_and_ends_the_teardown(monkeypatch
     rt.module_names = {1: "ring", 2: "gemm_rs_push"}
     shut = []
     rt.shim = types.SimpleNamespace(ts_finalize=lambda: shut.append(True))
-    rt.closed, rt.created_pg, rt.mpg_lock_holder = False, False, False
+    rt.closed, rt.created_pg, rt.mpg_lock_holder, rt.device = False, False, False, None
     monkeypatch.setattr(runtime, "_RT", rt)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(heap, "free_all", lambda r: None)

@@ -36,10 +36,17 @@ def test_stream_op_matches_the_shim_struct():
         "WRITE": so.WRITE, "WAIT_GEQ": so.WAIT_GEQ, "COPY": so.COPY, "GET": so.GET, "SIGNAL_ADD": so.SIGNAL_ADD,
         "EVENT_RECORD": so.EVENT_RECORD, "EVENT_WAIT": so.EVENT_WAIT, "ZERO": so.ZERO}
     assert "int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed)" in src
-    from tilescale import runtime
+    from tilescale import runtime, stream_waits
 
     assert runtime._SIGS["ts_stream_ops"] == ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
                                               ctypes.c_int)
+    # every stream wait is watched through its slot (tilescale/stream_waits.py): a program's in its `n`, a wait
+    # issued alone in its last argument
+    assert "int ts_stream_wait_geq_u64(void* stream, void* addr, unsigned long long value, void* watch)" in src
+    assert runtime._SIGS["ts_stream_wait_geq_u64"] == ([ctypes.c_void_p] * 2 + [ctypes.c_ulonglong, ctypes.c_void_p],
+                                                       ctypes.c_int)
+    assert "if (rc == 0 && o.n) rc = watch_wait(d, s, (ts_watch*)o.n);" in src
+    assert 'static_assert(sizeof(ts_watch) == 32' in src and stream_waits.WORDS == 4
 
 
 def _decode(streams_at, ops_at, n):
@@ -49,7 +56,7 @@ def _decode(streams_at, ops_at, n):
 
 def test_program_packs_its_ops_and_runs_them_in_one_call():
     p = so.Program([0x61, 0x62])
-    assert p.add(so.WAIT_GEQ, 0x1000, 1) == 0
+    assert p.add(so.WAIT_GEQ, 0x1000, 1, label=("Op", "ready[1]", 1)) == 0
     p.add(so.COPY, 0x2000, 0x3000, 64, stream=2)
     p.add(so.SIGNAL_ADD, 0x4000, 1, stream=1, pe=5)
     with pytest.raises(ValueError, match="stream index 3"):
@@ -57,6 +64,8 @@ def test_program_packs_its_ops_and_runs_them_in_one_call():
     with pytest.raises(ValueError, match="kind 9"):
         p.add(9, 0)
     p.seal()
+    watch = p.watches[("Op", "ready[1]", 1)]      # the wait's slot (tilescale/stream_waits.py), in its `n`
+    assert watch and p.array[0].n == watch
     calls = []
 
     def shim(streams_at, ops_at, n, failed_at):
@@ -65,7 +74,7 @@ def test_program_packs_its_ops_and_runs_them_in_one_call():
         return 0
 
     p.run(shim, 0x77)
-    assert calls == [([0x77, 0x61, 0x62], [(so.WAIT_GEQ, 0, 0x1000, 1, 0, 0), (so.COPY, 2, 0x2000, 0x3000, 64, 0),
+    assert calls == [([0x77, 0x61, 0x62], [(so.WAIT_GEQ, 0, 0x1000, 1, watch, 0), (so.COPY, 2, 0x2000, 0x3000, 64, 0),
                                            (so.SIGNAL_ADD, 1, 0x4000, 1, 0, 5)])]
     p.array[1].b = 0x3100                       # a per-call field: the next run issues it
     p.run(shim, 0)                              # the legacy default stream is a stream like any other
@@ -105,12 +114,17 @@ try:
     p.run(lib.ts_stream_ops, 0, "t")
 except RuntimeError as e:
     print("ERR", e)
+from tilescale import stream_waits
+t = stream_waits.Table([stream_waits.Wait("Op", "f[1]", 1, 0, 1)], 5)
+print("WAIT", lib.ts_stream_wait_geq_u64(None, None, 1, t.address(0)), list(t.words))
 """
     r = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120, cwd=REPO)
     if "ERR" not in r.stdout and ("libcuda" in r.stdout or "OSError" in r.stdout):
         pytest.skip(f"the shim cannot be loaded here: {r.stdout[-300:]}")
     assert "ERR t: op 0 of 1 failed: 42 on stream 0" in r.stdout and "unknown op kind" in r.stdout, r.stdout
+    if "WAIT -1 " in r.stdout:   # no CUDA driver here: the wait is not queued, so its call is not counted
+        assert "WAIT -1 [0, 0, 0, 5000000000]" in r.stdout, r.stdout
 
 
 # ------------------------------------------------------------------------------ the fast path vs the steps
@@ -191,9 +205,9 @@ def _shim(log, with_ops=True):
                 log.ops.append((kind, h, a, b, nb, pe))
         return 0
 
-    ns = SimpleNamespace(
-        ts_stream_write_u64=lambda s, a, v: log.ops.append((so.WRITE, s, a, v, 0, 0)),
-        ts_stream_wait_geq_u64=lambda s, a, v: log.ops.append((so.WAIT_GEQ, s, a, v, 0, 0)),
+    ns = SimpleNamespace(   # (each returns the shim's status: 0)
+        ts_stream_write_u64=lambda s, a, v: log.ops.append((so.WRITE, s, a, v, 0, 0)) or 0,
+        ts_stream_wait_geq_u64=lambda s, a, v, w: log.ops.append((so.WAIT_GEQ, s, a, v, w or 0, 0)) or 0,
         ts_getmem_on_stream=lambda src, dst, n, pe, s: log.ops.append((so.GET, s, dst, src, n, pe)),
         ts_signal_add_on_stream=lambda a, v, pe, s: log.ops.append((so.SIGNAL_ADD, s, a, v, 0, pe)))
     if with_ops:
@@ -321,7 +335,8 @@ def test_pulls_start_with_the_call(fake_cuda, W, rank, near, contiguous):
         assert all(fast.index(o) < first for o in mine), (src, mine)
         waited = [o[2] for o in mine if o[0] == so.EVENT_WAIT]
         assert waited == (["start", "pulled"] if j else ["start"]), (src, waited)
-        assert mine[len(waited)] == (so.WAIT_GEQ, h, op._ready_here[src], 1, 0, 0)
+        wait = mine[len(waited)]
+        assert wait[:4] == (so.WAIT_GEQ, h, op._ready_here[src], 1) and wait[4], wait   # (its slot: below)
         pulls = [i for i, o in enumerate(mine) if o[0] in (so.COPY, so.GET)]
         assert len(pulls) == op.chunks
         for ch, i in enumerate(pulls):
@@ -361,6 +376,75 @@ def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, ne
             assert rec == mine[-1] and fast[rec - 1][0] in (so.WRITE, so.SIGNAL_ADD)
             assert any(o == (so.EVENT_WAIT, MAIN, "join") for o in fast[rec:second])
     assert sum(o == (so.EVENT_WAIT, MAIN, "join") for o in fast[:second]) == len(gpu - {rank})
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_every_stream_wait_is_watched_under_its_label(fake_cuda, contiguous):
+    """Each stream wait of a call (step 2's for ``freed[q]``, step 4's for ``ready[src]``) has its slot of
+    tilescale/stream_waits.py, labelled with the op, the flag and the rank that sets it, with the flag's address and
+    the value waited for, bounded by TILESCALE_WAIT_TIMEOUT_S as it was when the op was built; the profiled steps
+    use the slot of the same wait (the same stream). With TILESCALE_WAIT_TIMEOUT_S=0, no slot: nothing is queued
+    for the bound."""
+    from tilescale.env import settings
+
+    log = fake_cuda
+    W, rank = 4, 1
+    with settings.scope(wait_timeout_s=7):
+        op = _ag_gemm(log, W, rank, {0, 1, 2, 3})
+    a, b, c = _args(op, contiguous)
+    with log.Mode():
+        op(a, b, out=c)
+    fast, log.ops = log.ops, []
+    with log.Mode():
+        op._call_steps(a, b, c, None)
+    assert [o for o in log.ops if o[0] == so.WAIT_GEQ] == [o for o in fast if o[0] == so.WAIT_GEQ]
+    slots = {t.address(i): (t, w) for p in (op._first, op._local_head, op._local_tail) if p.table is not None
+             for t in [p.table] for i, w in enumerate(t.waits)}
+    waits = [o for o in fast if o[0] == so.WAIT_GEQ]
+    assert len(waits) == 2 * (W - 1) and len({o[4] for o in waits}) == len(waits)
+    for _, _, at, _, slot, _ in waits:
+        table, w = slots[slot]
+        flag = "freed" if at in op._freed_here else "ready"
+        q = (op._freed_here if flag == "freed" else op._ready_here).index(at)
+        assert (w.op, w.flag, w.peer, w.addr, w.value) == ("AGGemm", f"{flag}[{q}]", q, at, 1)
+        assert table.words[(slot - table.base) // 8 + 3] == 7 * 10**9    # bound_ns
+        assert w.text() == f"AGGemm's stream wait for flag {flag}[{q}] (set by rank {q})"
+    assert {(w.flag, w.peer) for _, w in slots.values()} == {(f"{f}[{q}]", q) for f in ("freed", "ready")
+                                                            for q in (0, 2, 3)}
+    with settings.scope(wait_timeout_s=0):
+        unbounded = _ag_gemm(log, W, rank, {0, 1, 2, 3})
+    log.ops = []
+    with log.Mode():
+        unbounded(a, b, out=c)
+        unbounded._call_steps(a, b, c, None)
+    assert [o[4] for o in log.ops if o[0] == so.WAIT_GEQ] == [0] * 4 * (W - 1)
+
+
+def test_a_failed_stream_operation_raises_alike_on_both_paths(fake_cuda):
+    """A stream wait or write the driver refuses raises RuntimeError naming the op, the operation (a wait: its flag
+    and the rank that sets it) and the CUresult, in the fast path (one shim call for the program) and in the
+    profiled steps (one shim call each), which checked no status before."""
+    log = fake_cuda
+    op = _ag_gemm(log, 2, 0, {0, 1})
+    a, b, c = _args(op)
+    waits = r"stream wait \(>=\) for AGGemm's flag ready\[1\] \(set by rank 1\) on stream .*: CUresult 700"
+    program = op._stream_ops
+
+    def refuses_waits(streams_at, ops_at, n, failed_at):
+        kinds = [o[0] for o in _decode(streams_at, ops_at, n)]
+        ctypes.c_int.from_address(failed_at).value = kinds.index(so.WAIT_GEQ)
+        return 700
+    op._stream_ops = refuses_waits
+    with pytest.raises(RuntimeError, match=r"^AGGemm: op \d+ of \d+ failed: " + waits):
+        op(a, b, out=c)
+    op._stream_ops = program
+    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 700
+    with pytest.raises(RuntimeError, match=r"^AGGemm: " + waits):
+        op._call_steps(a, b, c, None)
+    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 0
+    op.rt.shim.ts_stream_write_u64 = lambda s, at, v: 1 if v == 1 else 0     # the flags' sets (1) fail
+    with pytest.raises(RuntimeError, match=r"^AGGemm: stream write on stream .*, b=0x1, .*: CUresult 1$"):
+        op._call_steps(a, b, c, None)
 
 
 def test_pulls_that_need_an_sm_are_from_my_gpu_or_unmapped_peers():
@@ -598,7 +682,9 @@ def test_pushes_start_with_the_call(fake_cuda, W, rank, contiguous):
     want = [(so.EVENT_WAIT, h, "start")]
     for j in range(1, W):
         dst = (rank - j) % W
-        want += [(so.WAIT_GEQ, h, op._freed_here[dst], 1, 0, 0), (so.WRITE, h, op._freed_here[dst], 0, 0, 0)]
+        watch = op._first.watches[("AGGemm", f"freed[{dst}]", dst)]      # its slot (tilescale/stream_waits.py)
+        assert watch
+        want += [(so.WAIT_GEQ, h, op._freed_here[dst], 1, watch, 0), (so.WRITE, h, op._freed_here[dst], 0, 0, 0)]
         at = op._peers[dst].data_ptr() + rank * op.rows * op.K * 2
         for ch in range(op.chunks):
             want += [(so.COPY, h, at + ch * step, src + ch * step, step, 0),

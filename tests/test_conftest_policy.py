@@ -132,3 +132,19 @@ def test_failures_are_kept_at_once_in_the_test_log_dir(tmp_path, monkeypatch):
     text = (logs / "failures.log").read_text()
     assert "FAILED test_sample.py::test_broken (call," in text and "arithmetic is off" in text, text
     assert "test_ok" not in text
+
+
+def test_a_run_has_temporary_folders_of_its_own(tmp_path):
+    """tmp_path lies in a folder of the run's own, removed at its end, not in pytest-of-<user>, where each run
+    deletes all but the newest three runs' folders, a run's still going beside it too (two runs side by side:
+    one's tests found their tmp_path gone). --basetemp still chooses."""
+    import re
+
+    r = _pytest(tmp_path, "def test_where(tmp_path):\n    print('TMP', tmp_path)\n", "-s")
+    assert r.returncode == 0, r.stdout
+    where = Path(re.search(r"TMP (\S+)", r.stdout).group(1))
+    assert "pytest-of-" not in str(where) and where.name == "test_where0", where
+    assert not where.parent.parent.exists(), f"{where.parent.parent} left behind"
+    chosen = tmp_path / "chosen"
+    r = _pytest(tmp_path, "def test_where(tmp_path):\n    print('TMP', tmp_path)\n", "-s", f"--basetemp={chosen}")
+    assert f"TMP {chosen / 'test_where0'}" in r.stdout, r.stdout

@@ -2,7 +2,9 @@
 every process of the job in bounded time, and print no error from freeing symmetric memory or shutting
 NVSHMEM down. Each test runs tests/gpu/teardown_main.py on 2 ranks through launch.sh (see its docstring
 for the modes); the CPU side of the same (torchrun, signals, leftovers) is in tests/test_launch_sh.py."""
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -162,14 +164,71 @@ def test_rank_leaves_while_others_wait(mode, nranks):
         assert "-9" in out or "SIGKILL" in out, out[-5000:]     # the launcher names the killed rank
 
 
+def _placed(placement: str, nranks: int) -> dict:
+    """The environment of a job whose ranks have a GPU each (``distinct``: skipped with fewer GPUs) or all share
+    GPU 0 (``shared``)."""
+    if placement == "shared":
+        return {"CUDA_VISIBLE_DEVICES": "0", "TILESCALE_RANKS_PER_GPU": str(nranks)}
+    if testing.gpu_count() < nranks:
+        pytest.skip(f"distinct GPUs for {nranks} ranks: {testing.gpu_count()} visible")
+    return {}
+
+
+def _gone(pids, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(jobs.alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not any(jobs.alive(p) for p in pids)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("placement", ["distinct", "shared"])
+@pytest.mark.parametrize("nranks", SIZES)
+@pytest.mark.parametrize("fault", ["skips_a_call", "sigstop"])
+def test_ag_gemm_peer_fault_ends_every_other_rank(fault, nranks, placement):
+    """AG+GEMM's stream waits are bounded (tilescale/stream_waits.py): rank 1 skips one call, or is SIGSTOPped
+    mid-call (its host stops, its watchdog too; its GPU ends what was queued). Every other rank ends within the bound
+    (+ the watchdog's polls and STOP_GRACE_S), with a record naming the op and the flag rank 1 sets (said by the
+    watchdog of a rank whose stream wait gave up, or added to the record of its GEMM's wait for a chunk that the
+    stream brings, or the record of that wait alone where rank 1 pushes the chunks: the line it quotes names the
+    flag); then the job ends and nothing is left (the stopped rank: killed by the launcher)."""
+    need(nranks)
+    env = _placed(placement, nranks)
+    mode = "ag_skip" if fault == "skips_a_call" else "ag_loop"
+    job = jobs.Job(MAIN, mode, gpus=nranks, env={"TILESCALE_WAIT_TIMEOUT_S": str(FAULT_BOUND_S), **env})
+    try:
+        lines = job.wait_for(r"\[rank \d+\] AGGEMM pid=", nranks, timeout=400)   # first run: compiles
+    except AssertionError:
+        job.kill()
+        raise
+    ranks = dict(tuple(map(int, re.search(r"rank (\d+)\] AGGEMM pid=(\d+)", ln).groups())) for ln in lines)
+    pids = list(ranks.values()) + jobs.session_members(job.sid)
+    if fault == "sigstop":
+        time.sleep(1)                                # calls in flight
+        os.kill(ranks[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    others = [p for r, p in ranks.items() if r != 1]
+    ended = _gone(others, FAULT_BOUND_S + 30)
+    took = time.monotonic() - t0
+    rc = finish(job, pids, timeout=120)
+    out = job.output
+    assert ended, f"ranks other than 1 still ran {FAULT_BOUND_S + 30} s after the fault\n{out[-5000:]}"
+    assert took < FAULT_BOUND_S + 20, f"the other ranks took {took:.0f} s to end\n{out[-5000:]}"
+    assert rc != 0, out[-5000:]
+    assert "UNEXPECTED" not in out, out[-5000:]
+    # a stream wait of AG+GEMM's protocol (pull: ready / freed; push: freed), or its second GEMM's wait for a chunk
+    # (push: rank 1's copies bring them; pull: a copy stream, whose pending wait the record then names too)
+    stream_wait = re.search(r"AGGemm's stream wait for flag (ready|freed)\[1\] \(set by rank 1\)", out)
+    chunk_wait = re.search(r"T\.wait_until at \S*allgather_gemm\.py:\d+ gave up.*The wait: T\.wait_until\(arrived\[",
+                           out)
+    assert stream_wait or chunk_wait, out[-5000:]
+
+
 @pytest.mark.multigpu
 @pytest.mark.parametrize("nranks", SIZES)
 def test_sighup_ends_every_process(nranks):
     """SIGHUP to launch.sh (its terminal closed) while the ranks run collectives: exit 129 within seconds,
     every process gone."""
-    import os
-    import signal
-
     need(nranks)
     job, pids = start("loop", nranks)
     time.sleep(2)

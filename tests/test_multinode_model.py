@@ -3,6 +3,7 @@ docs/multinode.md holds exactly what it prints,
 and its predictions have the properties docs/multinode.md draws from them."""
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -25,14 +26,16 @@ def model():
 def test_script_runs_and_the_doc_is_its_output(model):
     """`python docs/multinode_model.py` prints the tables quickly, and docs/multinode.md embeds that output
     unchanged (regenerate with `--write` after changing the model)."""
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    # CPU seconds, not the clock's: another job on the machine slows the clock, not the work
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
-    t1 = time.monotonic()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime < 30
+    t1 = time.process_time()
     text = model.report()
-    assert time.monotonic() - t1 < 1.0, "the model takes a second or more"
-    assert t1 - t0 < 30
+    assert time.process_time() - t1 < 1.0, "the model takes a second or more"
     assert r.stdout == text
     for heading in ("#### AllGather", "#### AG+GEMM", "#### GEMM+RS", "#### Crossovers", "#### Calibration"):
         assert heading in text

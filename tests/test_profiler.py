@@ -598,9 +598,9 @@ def test_user_profiler_registration_receives_calls_in_order(gpu, tmp_path):
 
 def test_user_profiler_with_out_dir_does_not_wait_for_trace_files(tmp_path):
     t = time.monotonic()
-    with tp.profile(tmp_path, profiler=CountingProfiler(), rank=0, world_size=2, merge_timeout_s=20):
+    with tp.profile(tmp_path, profiler=CountingProfiler(), rank=0, world_size=2, merge_timeout_s=120):
         coll_call()
-    assert time.monotonic() - t < 10 and not (tmp_path / "trace.json").exists()
+    assert time.monotonic() - t < 60 and not (tmp_path / "trace.json").exists()   # (a slow machine: far from 120)
 
 
 def test_no_gpu_clock_turns_device_events_off(monkeypatch):

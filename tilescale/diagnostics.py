@@ -19,13 +19,21 @@ the kernel (trap). Then:
 An uncaught exception on a rank (``sys.excepthook``; ``tilescale.testing.example_main``) is published the
 same way (:func:`publish_failure`), so the other ranks stop within a second, naming that rank and its
 error, instead of waiting for it: under any launcher, not only torchrun.
+
+Stream-memory waits (a stream stopped until a peer's flag is set: AG+GEMM's copy streams) have no timeout on the
+device: the watchdog watches them (:mod:`tilescale.stream_waits`). One whose call was issued more than the bound
+ago and has not passed it is said (rank, op, flag, the peer that sets it, address, value) and published as in step
+1; then the watchdog ends its own process at once, since its streams can never go on (nothing traps: a main thread
+blocked in a synchronize would wait forever). The other ranks stop as in step 2.
 """
+import linecache
 import os
 import struct
 import sys
 import threading
 import time
 
+from . import stream_waits
 from .compat import default_store
 from .errors import RemoteRankError, WaitTimeoutError
 
@@ -61,12 +69,34 @@ def describe(rec: dict) -> str:
         return ("a T.wait_until gave up (TILESCALE_WAIT_TIMEOUT_S) and the kernel was stopped before its record "
                 "was complete: which wait, and what it saw, are unknown")
     where = WAIT_SITES.get(rec["site"], f"wait #{rec['site']}")
+    path, _, line = where.rpartition(":")     # a kernel's line: its text names the signal (the flag) waited for
+    text = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
     cmp = _CMP_NAMES[rec["cmp"]] if 0 <= rec["cmp"] < len(_CMP_NAMES) else f"cmp {rec['cmp']}"
     return (f"rank {rec['rank']}, block {rec['block']}, thread {rec['thread']}: T.wait_until at {where} gave up "
             f"after {rec['elapsed_ns'] / 1e9:.1f} s waiting for the {rec['bits']}-bit signal at 0x{rec['addr']:x} "
             f"to become {cmp} {rec['expected']}; it was {rec['observed']}. The kernel was stopped "
             "(TILESCALE_WAIT_TIMEOUT_S); the peer that should set this signal did not: check the protocol, "
-            "or a rank that failed earlier")
+            "or a rank that failed earlier" + (f". The wait: {text}" if text else ""))
+
+
+def describe_late(rank: int, late: stream_waits.Late) -> str:
+    """What the watchdog says of a stream wait of rank `rank` that did not end within its bound."""
+    w = late.wait
+    return (f"rank {rank}: {w.text()} gave up: call {late.issued} of this wait was issued {late.waited_s:.1f} s ago "
+            f"and has not passed it (TILESCALE_WAIT_TIMEOUT_S): the 64-bit flag at 0x{w.addr:x} did not become >= "
+            f"{w.value}; rank {w.peer} did not set it (it skipped a call, diverged, stopped, or failed earlier). "
+            "This rank's GPU streams cannot go on: it stops")
+
+
+def _behind(rec: dict) -> str:
+    """The stream waits of this rank that had not ended since before the device-side wait of `rec` began (the
+    cause, maybe, of a wait for data a stream brings once its own wait ends), as a sentence to add."""
+    began = time.monotonic_ns() - rec.get("elapsed_ns", 0)
+    late = stream_waits.Monitor.pending(began)
+    if not late:
+        return ""
+    said = "; ".join(f"{x.wait.text()}, issued {x.waited_s:.1f} s ago" for x in late[:4])
+    return f". Stream waits of this rank that had not ended since before it began: {said}"
 
 
 def check(rt) -> None:
@@ -140,6 +170,32 @@ def report_own_failure(rt, error: BaseException) -> None:
     publish_failure(rt, msg, wait=True)
 
 
+def synchronize_within(device, bound_s: float) -> bool:
+    """``torch.cuda.synchronize(device)``, waited for at most `bound_s` seconds (0: no bound); False when it had not
+    returned by then (it goes on in a daemon thread). Raises its error."""
+    import torch
+
+    if bound_s <= 0:
+        torch.cuda.synchronize(device)
+        return True
+    done, errors = threading.Event(), []
+
+    def sync():
+        try:
+            torch.cuda.synchronize(device)
+        except BaseException as e:  # noqa: BLE001  (raised by the caller)
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=sync, name="tilescale-finalize-sync", daemon=True).start()
+    if not done.wait(bound_s):
+        return False
+    if errors:
+        raise errors[0]
+    return True
+
+
 def late_ranks(store, key: str, rank: int, world_size: int, bound_s: float, poll_s: float = 0.02) -> list[int]:
     """Say in `store` that `rank` has reached the point named `key`, then wait for every rank to say so, at most
     `bound_s` seconds (0: no bound). Returns the ranks that had not arrived by then (empty when all did):
@@ -179,13 +235,21 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         me = self.rt.info.rank
         key = failure_key(self.rt.generation)
+        waits = stream_waits.Monitor()
         while not self.stop.wait(self.interval):
             rec = read_record(self.rt)
             if rec is not None and not self.reported:
                 self.reported = True
-                msg = describe(rec)
+                msg = describe(rec) + _behind(rec)
                 print(f"tilescale: rank {me}: {msg}", file=sys.stderr, flush=True)
                 publish_failure(self.rt, msg, wait=True)
                 continue
+            late = waits.poll() if not self.reported else None
+            if late is not None:    # a stream wait that never ends: no trap, no error to raise; say it, stop
+                self.reported = True
+                msg = describe_late(me, late)
+                print(f"tilescale: {msg}", file=sys.stderr, flush=True)
+                publish_failure(self.rt, msg, wait=True)
+                os._exit(1)
             if self.store is not None and not self.reported:
                 stop_if_failed(self.store, key, me)

@@ -93,7 +93,8 @@ _SIGS = {
     "ts_barrier_all_on_stream": ([ctypes.c_void_p], None), "ts_quiet_on_stream": ([ctypes.c_void_p], None),
     "ts_signal_add_on_stream": ([ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p], None),
     "ts_stream_write_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
-    "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
+    # a stream wait, and its slot of tilescale/stream_waits.py (None: not watched)
+    "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p], ctypes.c_int),
     # a program of stream operations (tilescale/ops/stream_ops.py): streams, ops, count, &failed (raw addresses)
     "ts_stream_ops": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
     # the profiler's timed calls (tilescale/profiler/session.py ShimCalls): the op's ts_timed_fn and the two arguments
@@ -417,7 +418,6 @@ def finalize() -> None:
 def _teardown(rt: Runtime) -> None:
     """finalize()'s collective part, once every rank got there."""
     global _RT
-    import torch
     import torch.distributed as dist
 
     # The teardown below is collective (NVSHMEM's free and finalize wait for every rank, unbounded): first make
@@ -425,21 +425,28 @@ def _teardown(rt: Runtime) -> None:
     # normal exit) would otherwise wait forever while the others wait for it in their kernels.
     late = _late_to_finalize(rt)
     if late:
-        from .env import settings
-
         msg = (f"rank {rt.info.rank}: tilescale.finalize() gave up after {settings.wait_timeout_s:g} s "
                f"(TILESCALE_WAIT_TIMEOUT_S) waiting for rank(s) {', '.join(map(str, late))} to call it too (still "
                "running collectives, or failed): this rank leaves without the collective teardown")
         abandon(WaitTimeoutError(msg))    # tells the other ranks; the end of the process frees this rank's memory
         raise WaitTimeoutError(msg)
-    if rt.watchdog is not None:
-        rt.watchdog.stop.set()
-    torch.cuda.synchronize()
+    # The watchdog runs on until NVSHMEM is shut down: a stream wait of this rank that never ends is said and stops
+    # the job (its synchronize would not return), and a rank that fails meanwhile stops this one (NVSHMEM's free
+    # and shutdown would wait for it forever).
+    if not diagnostics.synchronize_within(rt.device, settings.wait_timeout_s):
+        msg = (f"rank {rt.info.rank}: tilescale.finalize() gave up after {settings.wait_timeout_s:g} s "
+               "(TILESCALE_WAIT_TIMEOUT_S) waiting for this rank's GPU work to end: a wait that nothing bounds (a "
+               "stream wait of a call replayed from a CUDA graph, a kernel built with TILESCALE_WAIT_TIMEOUT_S=0) "
+               "waits for a rank that left; this rank leaves without the collective teardown")
+        abandon(WaitTimeoutError(msg))
+        raise WaitTimeoutError(msg)
     heap.free_all(rt)
     for hook in _at_finalize:   # e.g. the ops' caches, whose ops point into the heap just freed
         hook()
     failed = finalize_modules(rt)
     rt.shim.ts_finalize()
+    if rt.watchdog is not None:
+        rt.watchdog.stop.set()
     if rt.info.shared_gpu:   # NVSHMEM's inter-process event files (tilescale/shm_leftovers.py)
         shm_leftovers.remove_own()
     rt.closed = True

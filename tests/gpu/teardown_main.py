@@ -17,7 +17,10 @@ rank's kernel spins until the previous rank's signal arrives), checks the result
   up after TILESCALE_WAIT_TIMEOUT_S and every rank is stopped;
 * ``caught_exit``: rank 1 catches an error and leaves normally (SystemExit(0): example_main finalises, a
   collective teardown the others never join); the others wait in their ring kernels until the bound;
-* ``kill9``: rank 1 kills itself with SIGKILL (nothing of it runs after).
+* ``kill9``: rank 1 kills itself with SIGKILL (nothing of it runs after);
+* ``ag_skip``: AG+GEMM calls, of which rank 1 skips one: the other ranks' last call waits on a copy stream for
+  rank 1's ``ready`` flag, which never comes (a stream wait, bounded by the watchdog: tilescale/stream_waits.py);
+* ``ag_loop``: AG+GEMM calls until stopped, at most 300 s (the test SIGSTOPs rank 1 mid-call).
 """
 import os
 import sys
@@ -31,7 +34,7 @@ from tilescale import testing
 
 N = 1 << 16
 MODES = ("normal", "atexit", "raise_all", "raise_one", "raise_one_bare", "loop", "never_barrier", "caught_exit",
-         "kill9")
+         "kill9", "ag_skip", "ag_loop")
 
 
 @tilescale.jit
@@ -76,6 +79,34 @@ class Ring:
         tilescale.barrier()
 
 
+def ag_gemm_fault(info, mode: str) -> None:
+    """``ag_skip`` / ``ag_loop`` (module docstring), once every rank built the op and made two good calls."""
+    r, W = info.rank, info.world_size
+    M, N, K = 256 * W, 256, 256
+    op = tilescale.ops.AGGemm(M, N, K, torch.bfloat16)
+    a = torch.randn(M // W, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        op(a, b)
+    tilescale.synchronize()
+    tilescale.barrier()
+    tilescale.synchronize()
+    print(f"[rank {r}] AGGEMM pid={os.getpid()}", flush=True)
+    if mode == "ag_skip":
+        for i in range(6):
+            if not (r == 1 and i == 3):
+                op(a, b)
+        tilescale.synchronize()      # the ranks that made the call rank 1 skipped: stopped within the bound
+        print(f"[rank {r}] calls issued and synchronized", flush=True)
+        return                       # rank 1 then waits in finalize for them: stopped when they fail
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for _ in range(10):
+            op(a, b)
+        tilescale.synchronize()
+    print(f"[rank {r}] UNEXPECTED: still running after 300 s", flush=True)
+
+
 def work(info, mode: str) -> None:
     r = info.rank
     ring = Ring(info)
@@ -85,6 +116,9 @@ def work(info, mode: str) -> None:
         ring.round(src)
     ring.checked_round(2)
     print(f"[rank {r}] RUNNING pid={os.getpid()}", flush=True)
+    if mode.startswith("ag_"):
+        ag_gemm_fault(info, mode)
+        return
     if mode in ("normal", "atexit"):
         for _ in range(50):
             ring.round(src)

@@ -25,6 +25,58 @@ F driver_entry(const char* name, int version) {
     return nullptr;
   return reinterpret_cast<F>(fp);
 }
+
+long long monotonic_ns() {   // CLOCK_MONOTONIC: the clock of Python's time.monotonic_ns / perf_counter_ns on Linux
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+struct DriverOps {
+  CUresult (*write)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  CUresult (*wait)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  CUresult (*copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*zero)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*record)(CUevent, CUstream);
+  CUresult (*wait_event)(CUstream, CUevent, unsigned int);
+  CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus*);
+};
+const DriverOps& driver_ops() {  // looked up once (a C++11 static: thread-safe)
+  static const DriverOps d = {
+      driver_entry<decltype(DriverOps::write)>("cuStreamWriteValue64", 12000),
+      driver_entry<decltype(DriverOps::wait)>("cuStreamWaitValue64", 12000),
+      driver_entry<decltype(DriverOps::copy)>("cuMemcpyAsync", 12000),
+      driver_entry<decltype(DriverOps::zero)>("cuMemsetD8Async", 12000),
+      driver_entry<decltype(DriverOps::record)>("cuEventRecord", 12000),
+      driver_entry<decltype(DriverOps::wait_event)>("cuStreamWaitEvent", 12000),
+      driver_entry<decltype(DriverOps::is_capturing)>("cuStreamIsCapturing", 12000)};
+  return d;
+}
+
+// A watched stream wait's slot (tilescale/stream_waits.py): pinned host memory, in the wait's `n` field.
+struct ts_watch {
+  unsigned long long done;     // the GPU's: the number of the last call that passed the wait
+  unsigned long long issued;   // this host's: the number of the last call issued
+  long long issued_ns;         // when (monotonic_ns)
+  long long bound_ns;          // the table's; read by the watchdog only
+};
+static_assert(sizeof(ts_watch) == 32, "ts_watch: 4 words (tilescale/stream_waits.py WORDS)");
+
+// After a wait was queued on `s`: count the call in its slot and queue a write of its number into `done` (no
+// memory barrier: it orders nothing) behind the wait, so the watchdog sees a call that never passes it. Nothing
+// while `s` captures a CUDA graph: a replay would write a number the host never issued. Returns a CUresult.
+int watch_wait(const DriverOps& d, CUstream s, ts_watch* w) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (d.is_capturing == nullptr || d.write == nullptr) return -1;
+  int rc = (int)d.is_capturing(s, &st);
+  if (rc != 0 || st != CU_STREAM_CAPTURE_STATUS_NONE) return rc;
+  unsigned long long k = w->issued + 1;
+  rc = (int)d.write(s, (CUdeviceptr)&w->done, (cuuint64_t)k, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+  if (rc != 0) return rc;
+  __atomic_store_n(&w->issued_ns, monotonic_ns(), __ATOMIC_RELAXED);
+  __atomic_store_n(&w->issued, k, __ATOMIC_RELEASE);   // issued_ns first: a reader that sees k sees its time
+  return 0;
+}
 }  // namespace
 
 extern "C" {
@@ -85,28 +137,31 @@ void ts_signal_add_on_stream(void* sig_addr, unsigned long long value, int pe, v
   nvshmemx_signal_op_on_stream((uint64_t*)sig_addr, (uint64_t)value, NVSHMEM_SIGNAL_ADD, pe, (cudaStream_t)stream);
 }
 
-// Stream memory operations (no SM time): a 64-bit store, and a wait for a 64-bit value >= `value`.
+// Stream memory operations (no SM time): a 64-bit store, and a wait for a 64-bit value >= `value`, watched through
+// `watch` (a ts_watch slot; null: not watched). Return a CUresult (-1: a driver entry point is missing).
 int ts_stream_write_u64(void* stream, void* addr, unsigned long long value) {
-  auto fn = driver_entry<CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int)>("cuStreamWriteValue64", 12000);
-  if (fn == nullptr) return -1;
-  return (int)fn((CUstream)stream, (CUdeviceptr)addr, (cuuint64_t)value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  const DriverOps& d = driver_ops();
+  if (d.write == nullptr) return -1;
+  return (int)d.write((CUstream)stream, (CUdeviceptr)addr, (cuuint64_t)value, CU_STREAM_WRITE_VALUE_DEFAULT);
 }
-int ts_stream_wait_geq_u64(void* stream, void* addr, unsigned long long value) {
-  auto fn = driver_entry<CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int)>("cuStreamWaitValue64", 12000);
-  if (fn == nullptr) return -1;
-  return (int)fn((CUstream)stream, (CUdeviceptr)addr, (cuuint64_t)value, CU_STREAM_WAIT_VALUE_GEQ);
+int ts_stream_wait_geq_u64(void* stream, void* addr, unsigned long long value, void* watch) {
+  const DriverOps& d = driver_ops();
+  if (d.wait == nullptr) return -1;
+  int rc = (int)d.wait((CUstream)stream, (CUdeviceptr)addr, (cuuint64_t)value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (rc == 0 && watch != nullptr) rc = watch_wait(d, (CUstream)stream, (ts_watch*)watch);
+  return rc;
 }
 
 // A program of stream operations, issued in array order by one call (AG+GEMM's host steps: one ctypes call
 // instead of one per operation). Each op names its stream by an index into `streams` (the caller's current
 // stream changes from call to call; the op's other streams do not). Kinds (TS_OP_*, tilescale/ops/stream_ops.py
-// packs them): a 64-bit stream write `*a = b` and a stream wait `*a >= b` (as ts_stream_write_u64 /
-// ts_stream_wait_geq_u64); a copy of `n` bytes from `b` to `a` (cuMemcpyAsync, what torch's copy_ of contiguous
-// tensors of one device issues); NVSHMEM's on-stream get of `n` bytes of symmetric `b` on PE `pe` into `a` (as
-// ts_getmem_on_stream); NVSHMEM's signal add `*a += b` on PE `pe` (as ts_signal_add_on_stream); an event record
-// and an event wait (`a`: the CUevent, as torch's Event.record / Stream.wait_event); `n` zero bytes at `a`
-// (cuMemsetD8Async). Returns 0, or the failing op's CUresult (-1: a driver entry point is missing) with its
-// index in `*failed`; the ops before it were issued.
+// packs them): a 64-bit stream write `*a = b` and a stream wait `*a >= b`, watched through its slot `n` (as
+// ts_stream_write_u64 / ts_stream_wait_geq_u64); a copy of `n` bytes from `b` to `a` (cuMemcpyAsync, what
+// torch's copy_ of contiguous tensors of one device issues); NVSHMEM's on-stream get of `n` bytes of symmetric
+// `b` on PE `pe` into `a` (as ts_getmem_on_stream); NVSHMEM's signal add `*a += b` on PE `pe` (as
+// ts_signal_add_on_stream); an event record and an event wait (`a`: the CUevent, as torch's Event.record /
+// Stream.wait_event); `n` zero bytes at `a` (cuMemsetD8Async). Returns 0, or the failing op's CUresult (-1: a
+// driver entry point is missing) with its index in `*failed`; the ops before it were issued.
 struct ts_stream_op {
   unsigned long long a, b, n;
   int kind, stream, pe, pad;
@@ -114,27 +169,6 @@ struct ts_stream_op {
 static_assert(sizeof(ts_stream_op) == 40, "ts_stream_op: 40 bytes (tilescale/ops/stream_ops.py's StreamOp)");
 enum { TS_OP_WRITE = 1, TS_OP_WAIT_GEQ = 2, TS_OP_COPY = 3, TS_OP_GET = 4, TS_OP_SIGNAL_ADD = 5,
        TS_OP_EVENT_RECORD = 6, TS_OP_EVENT_WAIT = 7, TS_OP_ZERO = 8 };
-
-namespace {
-struct DriverOps {
-  CUresult (*write)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  CUresult (*wait)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  CUresult (*copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*zero)(CUdeviceptr, unsigned char, size_t, CUstream);
-  CUresult (*record)(CUevent, CUstream);
-  CUresult (*wait_event)(CUstream, CUevent, unsigned int);
-};
-const DriverOps& driver_ops() {  // looked up once (a C++11 static: thread-safe)
-  static const DriverOps d = {
-      driver_entry<decltype(DriverOps::write)>("cuStreamWriteValue64", 12000),
-      driver_entry<decltype(DriverOps::wait)>("cuStreamWaitValue64", 12000),
-      driver_entry<decltype(DriverOps::copy)>("cuMemcpyAsync", 12000),
-      driver_entry<decltype(DriverOps::zero)>("cuMemsetD8Async", 12000),
-      driver_entry<decltype(DriverOps::record)>("cuEventRecord", 12000),
-      driver_entry<decltype(DriverOps::wait_event)>("cuStreamWaitEvent", 12000)};
-  return d;
-}
-}  // namespace
 
 int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed) {
   const DriverOps& d = driver_ops();
@@ -146,8 +180,9 @@ int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* fai
       case TS_OP_WRITE:
         if (d.write) rc = (int)d.write(s, (CUdeviceptr)o.a, (cuuint64_t)o.b, CU_STREAM_WRITE_VALUE_DEFAULT);
         break;
-      case TS_OP_WAIT_GEQ:
+      case TS_OP_WAIT_GEQ:   // `n`: its ts_watch slot (0: not watched)
         if (d.wait) rc = (int)d.wait(s, (CUdeviceptr)o.a, (cuuint64_t)o.b, CU_STREAM_WAIT_VALUE_GEQ);
+        if (rc == 0 && o.n) rc = watch_wait(d, s, (ts_watch*)o.n);
         break;
       case TS_OP_COPY:
         if (d.copy) rc = (int)d.copy((CUdeviceptr)o.a, (CUdeviceptr)o.b, (size_t)o.n, s);
@@ -219,12 +254,6 @@ static_assert(sizeof(TimedRecord) == 32, "a record is 4 words (tilescale/profile
 std::mutex timed_mutex;
 std::deque<TimedRecord> timed_records;   // oldest first (a deque grows without copying: a record costs no more later)
 long long timed_group = 0;
-
-long long monotonic_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
 }  // namespace
 
 std::atomic<long long> ts_timed_pending{0}, ts_timed_lost{0};

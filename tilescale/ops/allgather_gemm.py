@@ -399,7 +399,7 @@ class AGGemm(Op):
         self._push_ops = []       # (op index, byte offset in the call's rows)
         for j in range(1, W):                                                                # 2, 3
             dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
-            first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1)
+            first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1, label=_label("freed", dst))
             first.add(so.WRITE, self._freed_here[dst], 0, stream=1)
             at = self._peers[dst].data_ptr() + r * rows * row_bytes
             for ch in range(chunks):
@@ -432,8 +432,8 @@ class AGGemm(Op):
         local = W          # the local stream's index
         ops = []
 
-        def add(kind, a, b=0, n=0, stream=0, pe=0):
-            ops.append((kind, a, b, n, stream, pe))
+        def add(kind, a, b=0, n=0, stream=0, pe=0, label=None):
+            ops.append((kind, a, b, n, stream, pe, label))
 
         def signal(flag, pe, stream):     # my word of `flag` on rank pe := 1 (a stream write, or NVSHMEM's add)
             if peer_at[pe] is not None:
@@ -443,7 +443,7 @@ class AGGemm(Op):
 
         def local_steps(stream):                                                               # 2
             for q in peers:
-                add(so.WAIT_GEQ, self._freed_here[q], 1, stream=stream)
+                add(so.WAIT_GEQ, self._freed_here[q], 1, stream=stream, label=_label("freed", q))
                 add(so.WRITE, self._freed_here[q], 0, stream=stream)
             head = len(ops)
             add(so.COPY, a_full + r * rows * row_bytes, 0, rows * row_bytes, stream=stream)  # (source: a_local)
@@ -459,7 +459,7 @@ class AGGemm(Op):
                 add(so.EVENT_WAIT, events["start"], stream=s)
                 if j:       # one peer after another: the pulls share the copy engines' bandwidth less
                     add(so.EVENT_WAIT, pulled[j - 1], stream=s)
-                add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s)
+                add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s, label=_label("ready", src))
                 add(so.WRITE, self._ready_here[src], 0, stream=s)
                 for ch in range(chunks):
                     off = (src * rows + ch * step) * row_bytes
@@ -490,13 +490,13 @@ class AGGemm(Op):
         pre = ops
         post = []
         for j in range(len(streams)):                                                          # 6
-            post += [(so.EVENT_RECORD, joins[j], 0, 0, j + 1, 0), (so.EVENT_WAIT, joins[j], 0, 0, 0, 0)]
-        post.append((so.ZERO, arrived, 0, arrived_bytes, 0, 0))
+            post += [(so.EVENT_RECORD, joins[j], 0, 0, j + 1, 0, None), (so.EVENT_WAIT, joins[j], 0, 0, 0, 0, None)]
+        post.append((so.ZERO, arrived, 0, arrived_bytes, 0, 0, None))
 
         def program(rows_):
             p = so.Program(streams)
-            for kind, a, b, n, stream, pe in rows_:
-                p.add(kind, a, b, n, stream=stream, pe=pe)
+            for kind, a, b, n, stream, pe, label in rows_:
+                p.add(kind, a, b, n, stream=stream, pe=pe, label=label)
             return p.seal()
 
         self._first, self._local_head, self._local_tail = program(first), program(local_head), program(local_tail)
@@ -543,7 +543,8 @@ class AGGemm(Op):
         """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 2 / 4)."""
         h = self.rt.shim
         if self._peers[pe] is not None:    # this node: a stream write through the mapping
-            h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1)
+            so.check(h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1), "AGGemm", so.WRITE, stream,
+                     self._flag_at[flag][pe], 1)
         else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
@@ -654,11 +655,19 @@ class AGGemm(Op):
         local = self.streams[-1]
         step = self.rows // self.chunks
 
+        # the slots of the programs that the fast path would run (the same waits on the same streams): bounded alike
+        watch = {k: v for p in ((self._first,) if direct else (self._local_head, self._local_tail))
+                 for k, v in p.watches.items()}
+
+        def wait(h, flag, q, at):     # wait for my flag `flag` of rank q (at `at`) to be 1, then reset it
+            so.check(shim.ts_stream_wait_geq_u64(h, at, 1, watch.get(_label(flag, q))), "AGGemm", so.WAIT_GEQ, h,
+                     at, 1, label=_label(flag, q))
+            so.check(shim.ts_stream_write_u64(h, at, 0), "AGGemm", so.WRITE, h, at)
+
         def local_steps(s2):                                                 # 2
             h2 = s2.cuda_stream
             for q in peers:
-                shim.ts_stream_wait_geq_u64(h2, self._freed_here[q], 1)
-                shim.ts_stream_write_u64(h2, self._freed_here[q], 0)
+                wait(h2, "freed", q, self._freed_here[q])
             with torch.cuda.stream(s2):
                 self._slot.copy_(a_local)
             for q in peers:
@@ -676,8 +685,7 @@ class AGGemm(Op):
                 with torch.cuda.stream(s):
                     if rec is not None:
                         rec.copies_begin(s, src)
-                    shim.ts_stream_wait_geq_u64(h, self._ready_here[src], 1)
-                    shim.ts_stream_write_u64(h, self._ready_here[src], 0)
+                    wait(h, "ready", src, self._ready_here[src])
                     lo, peer = src * self.rows, self._peers[src]
                     for ch in range(self.chunks):
                         rows = slice(lo + ch * step, lo + (ch + 1) * step)
@@ -686,7 +694,8 @@ class AGGemm(Op):
                         else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
                             chunk = a_full[rows]
                             shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
-                        shim.ts_stream_write_u64(h, self._arrived_at[src * self.chunks + ch], 1)
+                        at = self._arrived_at[src * self.chunks + ch]
+                        so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
                         if rec is not None:
                             rec.copy_done(s, src, ch, a_full[rows].nbytes)
                     if j < W - 2:
@@ -733,7 +742,8 @@ class AGGemm(Op):
         h = s.cuda_stream
         for j in range(1, W):                                                               # 2, 3
             dst = (r - j) % W
-            _ok(shim.ts_stream_wait_geq_u64(h, self._freed_here[dst], 1), "stream wait", "freed", dst)
+            _ok(shim.ts_stream_wait_geq_u64(h, self._freed_here[dst], 1, self._first.watches.get(_label("freed", dst))),
+                "stream wait", "freed", dst)
             _ok(shim.ts_stream_write_u64(h, self._freed_here[dst], 0), "stream write", "freed", dst)
             with torch.cuda.stream(s):
                 if rec is not None:
@@ -755,6 +765,12 @@ class AGGemm(Op):
                 _ok(shim.ts_stream_write_u64(main.cuda_stream, self._flag_at["freed"][q], 1), "stream write",
                     "freed", q)
         return c
+
+
+def _label(flag: str, q: int) -> tuple:
+    """The label of a stream wait for my flag `flag` (``ready`` / ``freed``) of rank `q`, which rank q sets: what the
+    record of a wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/stream_waits.py)."""
+    return ("AGGemm", f"{flag}[{q}]", q)
 
 
 def _ok(rc: int, what: str, flag: str, peer: int) -> None:

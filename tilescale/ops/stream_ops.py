@@ -5,8 +5,15 @@ call per operation. A program is built once (the addresses of an op's buffers an
 changes only what changes per call (the current stream: ``streams[0]``; an argument's address: one op's field).
 
 The ops are issued in array order, each on its stream (an index into the program's streams), exactly as the
-same Python calls would be: the order of a protocol is the order of its program."""
+same Python calls would be: the order of a protocol is the order of its program.
+
+Every stream wait is bounded: a ``WAIT_GEQ`` carries a label (op, flag, peer), and a sealed program gives each wait
+a slot of :mod:`tilescale.stream_waits` (in the op's `n` field, which a wait does not use otherwise; none when
+``TILESCALE_WAIT_TIMEOUT_S`` is 0), where the shim counts the calls it issues and the GPU the calls that passed the
+wait. The runtime's watchdog names a wait that did not pass within the bound and stops the job."""
 import ctypes
+
+from .. import stream_waits
 
 WRITE, WAIT_GEQ, COPY, GET, SIGNAL_ADD, EVENT_RECORD, EVENT_WAIT, ZERO = range(1, 9)
 KIND_NAMES = {WRITE: "stream write", WAIT_GEQ: "stream wait (>=)", COPY: "copy", GET: "NVSHMEM get",
@@ -27,24 +34,48 @@ class Program:
     """A list of ops to issue with one shim call: ``add(...)`` while building (returns the op's index), then
     ``seal()``; ``run(fn, main)`` issues them with `main` (a raw stream handle) as stream 0. `streams`: the raw
     handles of streams 1, 2, ... (the op's own streams). After ``seal``, ``array[i]`` is op i (a
-    :class:`StreamOp`: a field set there is what the next run issues)."""
+    :class:`StreamOp`: a field set there is what the next run issues), and ``watches`` maps each wait's label to
+    its slot (0: not watched), for the same wait issued alone (``ts_stream_wait_geq_u64``'s last argument)."""
 
     def __init__(self, streams=()):
         self.ops: list[tuple] = []
+        self.labels: dict[int, tuple] = {}      # op index -> label (the waits')
         self.streams = (ctypes.c_void_p * (1 + len(streams)))(0, *streams)
         self.array = None
         self.n = 0
         self.failed = ctypes.c_int(-1)
+        self.watches: dict[tuple, int] = {}
+        self.table = None
 
-    def add(self, kind: int, a: int, b: int = 0, n: int = 0, *, stream: int = 0, pe: int = 0) -> int:
+    def add(self, kind: int, a: int, b: int = 0, n: int = 0, *, stream: int = 0, pe: int = 0,
+            label: tuple | None = None) -> int:
+        """Append an op; a ``WAIT_GEQ`` needs its `label` (op, flag, peer), which no other kind takes."""
         if kind not in KIND_NAMES:
             raise ValueError(f"stream op kind {kind}: expected one of {sorted(KIND_NAMES)}")
         if not 0 <= stream < len(self.streams):
             raise ValueError(f"stream index {stream}: this program has {len(self.streams)} streams")
+        if (kind == WAIT_GEQ) != (label is not None):
+            raise ValueError(f"{KIND_NAMES[kind]}: label {label!r}: a stream wait needs its label (op, flag, peer), "
+                             "which names it when it does not end within TILESCALE_WAIT_TIMEOUT_S; other kinds take "
+                             "none")
+        if label is not None:
+            self.labels[len(self.ops)] = stream_waits.check_label(label)
         self.ops.append((a, b, n, kind, stream, pe, 0))
         return len(self.ops) - 1
 
     def seal(self) -> "Program":
+        """Pack the ops; give each wait its slot, bounded by ``TILESCALE_WAIT_TIMEOUT_S`` as it is now."""
+        from ..env import settings
+
+        bound = settings.wait_timeout_s
+        at = sorted(self.labels)
+        if at and bound > 0:
+            self.table = stream_waits.Table(
+                [stream_waits.Wait(*self.labels[i], self.ops[i][0], self.ops[i][1]) for i in at], bound)
+            for j, i in enumerate(at):
+                a, b, _, *rest = self.ops[i]
+                self.ops[i] = (a, b, self.table.address(j), *rest)
+        self.watches = {self.labels[i]: self.ops[i][2] for i in at}
         self.array = (StreamOp * len(self.ops))(*self.ops)
         self.n = len(self.ops)
         # the shim's arguments after the streams: the addresses of the ops and of the failed op's index
@@ -67,7 +98,27 @@ class Program:
     def error(self, rc: int, what: str) -> RuntimeError:
         i = self.failed.value
         op = self.array[i] if 0 <= i < self.n else None
-        desc = "?" if op is None else (f"{KIND_NAMES.get(op.kind, op.kind)} on stream {op.stream} "
-                                       f"(a=0x{op.a:x}, b=0x{op.b:x}, n={op.n}, pe={op.pe})")
-        cause = {-1: "a CUDA driver entry point is missing", -2: "unknown op kind"}.get(rc, f"CUresult {rc}")
-        return RuntimeError(f"{what}: op {i} of {self.n} failed: {desc}: {cause}")
+        desc = "?" if op is None else describe(op.kind, f"stream {op.stream}", op.a, op.b, op.n, op.pe,
+                                               self.labels.get(i))
+        return RuntimeError(f"{what}: op {i} of {self.n} failed: {desc}: {cause(rc)}")
+
+
+def describe(kind: int, stream: str, a: int, b: int = 0, n: int = 0, pe: int = 0, label: tuple | None = None) -> str:
+    """An op as its error names it (`label`: a wait's)."""
+    what = KIND_NAMES.get(kind, kind)
+    if label is not None:
+        what = f"{what} for {label[0]}'s flag {label[1]} (set by rank {label[2]})"
+    return f"{what} on {stream} (a=0x{a:x}, b=0x{b:x}, n={n}, pe={pe})"
+
+
+def cause(rc: int) -> str:
+    """What the shim's status `rc` (a CUresult, or the shim's own -1 / -2) means."""
+    return {-1: "a CUDA driver entry point is missing", -2: "unknown op kind"}.get(rc, f"CUresult {rc}")
+
+
+def check(rc, what: str, kind: int, stream: int, a: int, b: int = 0, n: int = 0, pe: int = 0,
+          label: tuple | None = None) -> None:
+    """An op issued alone by its shim function (a call step by step, as the profiled one): the error of
+    :meth:`Program.run` when the shim returned a status other than 0."""
+    if rc:
+        raise RuntimeError(f"{what}: {describe(kind, f'stream 0x{stream:x}', a, b, n, pe, label)}: {cause(rc)}")
