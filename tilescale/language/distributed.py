@@ -457,7 +457,7 @@ def store_tile(src, dst, *, threads):
     numbers its own from 3 up). Afterwards `src` may be written again and any of them may count the stores with
     :func:`release_stores` (its release covers the whole group's stores: the barrier orders them before it).
     Unlike :func:`store_async` it issues no bulk copy: in GEMM+RS's push kernel, one bulk store of the tile cost
-    the GEMM beside it 4-6% more than these stores by three otherwise idle warps (RESULTS.md run 30). The threads
+    the GEMM beside it 4-6% more than these stores by three otherwise idle warps. The threads
     that wrote `src` synchronise with the group first (an mbarrier, or tilelang's syncs).
 
     Rows, their sizes and both row pitches must be multiples of 16 bytes. torch: ``dst.copy_(src)``, its
