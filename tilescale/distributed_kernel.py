@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import compat, runtime, symm
-from .backend import BackendSpec
+from .compilation.backend import BackendSpec
 from .errors import WorldSizeMismatchError
 
 

@@ -23,8 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, nvshmem_start, shm_leftovers, toolchain
-from .cache_files import build_once, private_dir
+from . import compat, diagnostics, heap, nvshmem_start, shm_leftovers
+from .compilation import toolchain
+from .compilation.cache_files import build_once, private_dir
+from .compilation.kernel_build import compile_kernel, func_name
+from .compilation.nvshmem_host import load_host_library
 from .env import MAX_SECONDS, check_node_size, settings
 from .errors import (
     AlreadyInitializedError,
@@ -33,9 +36,7 @@ from .errors import (
     TileScaleError,
     WaitTimeoutError,
 )
-from .kernel_build import compile_kernel, func_name
 from .mpg_lock import HostLock, first_on_host
-from .nvshmem_host import load_host_library
 from .placement import device_map, env_int, process_group_args  # noqa: F401  (runtime.device_map, ...)
 
 log = logging.getLogger("tilescale")
@@ -202,7 +203,7 @@ def is_initialized() -> bool:
 def current() -> Runtime:
     if _RT is None or _RT.closed:
         if settings.compile_only:   # a script's compile-only run (tilescale/compile_only.py) has no runtime
-            from .compile_only import NeedsGpu
+            from .compilation.compile_only import NeedsGpu
 
             raise NeedsGpu("the tilescale runtime (tilescale.ops, symmetric memory of peers)")
         raise NotInitializedError("the tilescale distributed runtime is not initialised: call "
@@ -217,7 +218,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
     """
     global _RT
     if settings.compile_only:   # rank 0's answer, nothing started (tilescale/compile_only.py)
-        from .compile_only import rank_zero
+        from .compilation.compile_only import rank_zero
 
         return DistInfo(**rank_zero())
     with _init_lock:
@@ -230,7 +231,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         import torch.distributed as dist
 
         from . import logs
-        from .discovery import find_nvshmem
+        from .compilation.discovery import find_nvshmem
 
         logs.apply()
         # CUDA lazy loading deadlocks a kernel that spins on a signal while the kernel that sets it is

@@ -77,8 +77,8 @@ def empty(*shape, dtype=None):
 
     if len(shape) == 1 and not isinstance(shape[0], int):
         shape = shape[0]
-    if settings.compile_only:   # a meta tensor (tilescale/compile_only.py)
-        from .compile_only import meta_tensor
+    if settings.compile_only:   # a meta tensor (tilescale/compilation/compile_only.py)
+        from .compilation.compile_only import meta_tensor
 
         return meta_tensor(_shape(shape), _dtype(dtype))
     rt = current()
@@ -116,7 +116,7 @@ def zeros(*shape, dtype=None):
     """Like :func:`empty`, filled with zeros, and every rank's copy is zero before this returns."""
     import torch
 
-    if settings.compile_only:   # a meta tensor (tilescale/compile_only.py)
+    if settings.compile_only:   # a meta tensor (tilescale/compilation/compile_only.py)
         return empty(*shape, dtype=dtype)
     t = empty(*shape, dtype=dtype)
     t.zero_()

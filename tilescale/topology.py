@@ -64,6 +64,6 @@ def current() -> Topology:
 
 
 def node_size_flag() -> int:
-    """What kernels are built with (``-DTILESCALE_NODE_SIZE``, tilescale/backend.py reads the same setting):
+    """What kernels are built with (``-DTILESCALE_NODE_SIZE``, tilescale/compilation/backend.py reads the same setting):
     TILESCALE_NODE_SIZE, 0 when unset (the real topology: NVSHMEM's mappings decide)."""
     return settings.node_size

@@ -31,7 +31,7 @@ import zlib
 import tilelang.language as T
 from tvm import tirx
 
-from ..analysis import register_symmetric_args
+from ..compilation.analysis import register_symmetric_args
 from ..errors import user_location
 from .operands import (
     _ATOM_ADD_DTYPES,

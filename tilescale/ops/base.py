@@ -99,7 +99,7 @@ class Op:
         """Compile this op's kernels (``(fn, args)`` or ``(fn, args, kwargs)``) side by side, as one batch with one
         progress line on rank 0 (tilescale.batch), before :meth:`build` takes them one by one from memory. A kernel
         that fails here is compiled again by build(), which raises its error as it does."""
-        from ..batch import compile_all
+        from ..compilation.batch import compile_all
 
         try:
             compile_all(jobs, label=f"{self.NAME} kernels")

@@ -24,7 +24,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import compat
+from .. import compat
+from ..env import settings
+from ..errors import BuildError, TileScaleError
 from .cache_files import RECORD_SUFFIX as RECORD_SUFFIX
 from .cache_files import UnsafeCacheDirError as UnsafeCacheDirError
 from .cache_files import build_once as build_once
@@ -36,8 +38,6 @@ from .cache_files import tilelang_cache_dir as tilelang_cache_dir
 from .cache_files import why_invalid as why_invalid
 from .cache_files import write_atomically as write_atomically
 from .cache_files import write_once as write_once
-from .env import settings
-from .errors import BuildError, TileScaleError
 
 log = logging.getLogger("tilescale")
 
@@ -92,13 +92,13 @@ def _nvcc_version_output(path: str) -> str:
     return _nvcc_version_output_cached(path, mtime)
 
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parent.parent   # the tilescale package
 
 
 def source_digest() -> str:
     """Hash of the tilescale code that shapes a distributed kernel's binary beyond the IR and the flags:
-    the source rewriting (codegen.py) and every header under tilescale/include (recursively)."""
-    files = [_PKG / "codegen.py", *sorted(p for p in (_PKG / "include").rglob("*") if p.is_file())]
+    the source rewriting (compilation/codegen.py) and every header under tilescale/include (recursively)."""
+    files = [_PKG / "compilation" / "codegen.py", *sorted(p for p in (_PKG / "include").rglob("*") if p.is_file())]
     h = hashlib.sha256()
     for p in files:
         h.update(str(p.relative_to(_PKG)).encode() + b"\0")

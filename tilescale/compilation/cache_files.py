@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import compat
-from .env import settings
-from .errors import TileScaleError
+from .. import compat
+from ..env import settings
+from ..errors import TileScaleError
 
 log = logging.getLogger("tilescale")
 

@@ -12,13 +12,14 @@ import re
 import tempfile
 from pathlib import Path
 
-from . import build_modes, codegen, compat, logs
+from .. import build_modes, compat, logs
+from ..env import settings
+from ..errors import BuildError
+from . import codegen
 from .arch import check_target_arch, default_target
 from .backend import BackendSpec, nvshmem_compile_flags, resolve_backend, split_pass_configs
 from .cache_files import file_lock, private_dir, tilelang_cache_dir
 from .discovery import find_nvshmem
-from .env import settings
-from .errors import BuildError
 from .nvshmem_host import load_host_library
 from .toolchain import (
     NvccTimeoutError,

@@ -23,12 +23,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import codegen, logs
+from .. import logs
+from . import codegen
 
 
 def workers_for(n_jobs: int, workers: int | None = None) -> int:
     """Threads for `n_jobs` builds: `workers`, else TILESCALE_BUILD_JOBS; at most one per job, at least one."""
-    from .env import settings
+    from ..env import settings
 
     return max(1, min(n_jobs, workers or settings.build_jobs))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from .env import settings
-from .errors import ArchMismatchError, TileScaleError
+from ..env import settings
+from ..errors import ArchMismatchError, TileScaleError
 
 
 def default_target(target=None):
@@ -34,7 +34,7 @@ def target_codes(target) -> list[str]:
     target names none (None / "auto": tilelang picks the visible GPU's) or is not a CUDA target."""
     if target in (None, "auto"):
         return []
-    from .compat import determine_target
+    from ..compat import determine_target
 
     try:
         t = determine_target(target)

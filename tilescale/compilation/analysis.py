@@ -5,7 +5,7 @@ from __future__ import annotations
 from tilelang import tvm
 from tvm import tirx
 
-from .compat import post_order_visit
+from ..compat import post_order_visit
 
 # Device functions that make a kernel distributed (prefixes of the callee name).
 DISTRIBUTED_PREFIXES = ("nvshmem", "tilescale::")

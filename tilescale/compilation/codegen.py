@@ -19,7 +19,7 @@ import re
 import threading
 from collections.abc import Iterator
 
-from . import build_modes
+from .. import build_modes
 
 INCLUDE_LINE = "#include <tilescale/tilescale.cuh>\n"
 

@@ -1,8 +1,8 @@
 """Compile-only runs: on a machine without GPUs, a script started by the launcher builds every ``@tilescale.jit``
 kernel it reaches, then stops where it would need a GPU.
 
-    python -m tilescale.compile_only script.py [args...]       # what `tilescale run` starts when it finds no GPU
-    python -m tilescale.compile_only -m package.module [args...]
+    python -m tilescale.compilation.compile_only script.py [args...]   # what `tilescale run` starts without GPUs
+    python -m tilescale.compilation.compile_only -m package.module [args...]
 
 The script runs once, as rank 0 of ``WORLD_SIZE`` ranks, with ``TILESCALE_COMPILE_ONLY=1``:
 
@@ -26,7 +26,7 @@ import runpy
 import sys
 from pathlib import Path
 
-USAGE = "usage: python -m tilescale.compile_only (script.py | -m module) [args...]"
+USAGE = "usage: python -m tilescale.compilation.compile_only (script.py | -m module) [args...]"
 
 _built: list[str] = []     # "name: library" of each kernel this run built, in order
 _mode = None               # the meta-device mode, once entered
@@ -103,7 +103,7 @@ def enter() -> None:
     global _mode
     if _mode is not None:
         return
-    from . import compat
+    from .. import compat
 
     _mode = _meta_device_mode()
     _mode.__enter__()
@@ -169,7 +169,7 @@ def _as_stop(e: BaseException) -> NeedsGpu | None:
 
 
 def _internal_dirs() -> tuple[str, ...]:
-    dirs = {os.path.dirname(os.__file__), str(Path(__file__).resolve().parent)}
+    dirs = {os.path.dirname(os.__file__), str(Path(__file__).resolve().parent.parent)}   # tilescale/
     for name in ("torch", "tilelang", "tvm", "tvm_ffi"):
         m = sys.modules.get(name)
         if m is not None and getattr(m, "__file__", None):
@@ -235,7 +235,7 @@ def _stopped(stop: NeedsGpu) -> None:
           f"({len(_built)} kernel(s) built before it)", flush=True)
 
 
-if __name__ == "__main__":   # run as tilescale.compile_only, not as a second copy named __main__ (one NeedsGpu class)
-    from tilescale.compile_only import main as _main
+if __name__ == "__main__":   # run as the package's module, not as a second copy named __main__ (one NeedsGpu class)
+    from tilescale.compilation.compile_only import main as _main
 
     sys.exit(_main())

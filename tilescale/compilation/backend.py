@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_modes, compat, discovery, toolchain
-from .env import check_seconds, settings
-from .errors import BackendError
-from .version import __version__
+from .. import build_modes, compat
+from ..env import check_seconds, settings
+from ..errors import BackendError
+from ..version import __version__
+from . import discovery, toolchain
 
 PASS_DISABLE_RDC = build_modes.PASS_CONFIG
 PASS_USE_DISTRIBUTED = "tl.use_distributed"
 OUR_PASS_CONFIGS = (PASS_DISABLE_RDC, PASS_USE_DISTRIBUTED)
 
-INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 HEADERS = tuple(sorted((INCLUDE_DIR / "tilescale").glob("*.cuh")))
 
 

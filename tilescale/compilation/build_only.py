@@ -11,11 +11,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import codegen, compat, logs
+from .. import compat, logs
+from ..env import settings
+from ..version import __version__
+from . import codegen
 from .arch import default_target
 from .backend import BackendSpec, resolve_backend, split_pass_configs
 from .cache_files import build_once, private_dir, record_path, why_invalid, write_atomically
-from .env import settings
 from .kernel_build import (
     as_flag_list,
     explain_build_errors,
@@ -25,7 +27,6 @@ from .kernel_build import (
     with_stub_libcuda,
 )
 from .toolchain import bounded_nvcc, nvcc_version_tag
-from .version import __version__
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .env import settings
-from .errors import NvshmemNotFoundError
+from ..env import settings
+from ..errors import NvshmemNotFoundError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 THIRDPARTY_BUILD = REPO_ROOT / "3rdparty" / "nvshmem_src" / "build"
 
 PIP_HINT = ("pip install nvidia-nvshmem-cu13   (CUDA 13; or nvidia-nvshmem-cu12 for CUDA 12: the one your torch "
