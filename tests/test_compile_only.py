@@ -1,6 +1,6 @@
-"""Compile-only runs of scripts that are not examples (tilescale/compilation/compile_only.py): the kernels a script reaches are
-built, then the run stops where it needs a GPU and says where; a real error still fails. The README's Quickstart,
-saved as a file and started by the launcher, is tests/test_readme.py's."""
+"""Compile-only runs of scripts that are not examples (tilescale.compilation.compile_only): the kernels a script
+reaches are built, then the run stops where it needs a GPU and says where; a real error still fails. The README's
+Quickstart, saved as a file and started by the launcher, is tests/test_readme.py's."""
 from __future__ import annotations
 
 import os

@@ -26,9 +26,8 @@ def test_monkeypatching_the_old_name_patches_the_module(monkeypatch):
 
 
 def test_from_import_and_attribute_access_by_old_names():
-    from tilescale.toolchain import run_bounded
-
     from tilescale.compilation import toolchain
+    from tilescale.toolchain import run_bounded
     assert run_bounded is toolchain.run_bounded and tilescale.toolchain is toolchain
 
 

@@ -120,7 +120,7 @@ class TileScaleJITImpl(compat.jit_impl_base()):
     def compile_tir(self, pf, args=(), kwargs=None):
         """Compile an already elaborated PrimFunc of this function (elaborate in one thread, compile in
         many: see tilescale.batch); remembered for ``fn(*args, **kwargs)`` when `args` / `kwargs` are given."""
-        if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compilation/compile_only.py)
+        if settings.compile_only:   # built, not loaded: a script's compile-only run (compilation/compile_only.py)
             from .compilation.compile_only import BuiltKernel
 
             return BuiltKernel(pf, self.build_tir(pf), self.out_idx, name=getattr(self.func, "__name__", None))
