@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from .arguments import as_shape
 from .env import settings, symmetric_heap_size
 from .errors import (
     NotSymmetricError,
@@ -61,8 +62,6 @@ def _dtype(dtype, op: str = "symm.empty"):
 def _shape(shape, op: str = "symm.empty") -> tuple:
     """`shape` (an int, or a sequence of ints) as a tuple of ints >= 0: a float size is refused, not
     truncated (OpArgumentTypeError, a TypeError; a negative size: OpArgumentError, a ValueError)."""
-    from .ops.checks import as_shape
-
     return as_shape(op, "shape", shape, allow_int=True, sizes="non-negative sizes")
 
 
