@@ -13,9 +13,12 @@ import sys
 
 _COMPILATION = ("analysis", "arch", "backend", "batch", "build_only", "cache_files", "codegen", "compile_only",
                 "discovery", "kernel_build", "nvshmem_host", "toolchain")
+_RUNTIME = ("barrier_kernel", "diagnostics", "distributed_kernel", "heap", "mpg_lock", "nvshmem_start", "placement",
+            "symm", "topology")
 
 MOVED = {
     **{f"tilescale.{m}": f"tilescale.compilation.{m}" for m in _COMPILATION},
+    **{f"tilescale.{m}": f"tilescale.runtime.{m}" for m in _RUNTIME},
 }
 
 

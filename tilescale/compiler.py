@@ -24,14 +24,14 @@ import logging
 from dataclasses import dataclass
 
 from . import build_modes, compat
-from .barrier_kernel import barrier_module
 from .compilation.analysis import param_names, symmetric_params
 from .compilation.arch import check_target_arch, code_runs_on, default_target, device_arch, target_codes
 from .compilation.build_only import BuildResult, build, lower_source
 from .compilation.kernel_build import compile_kernel, func_name, key_flags
-from .distributed_kernel import DistributedKernel
 from .env import settings
 from .errors import ArchMismatchError, BackendError, LanguageError
+from .runtime.barrier_kernel import barrier_module
+from .runtime.distributed_kernel import DistributedKernel
 
 __all__ = ["jit", "compile", "build", "lower_source", "barrier_jit", "TileScaleJITImpl", "DistributedKernel",
            "BuildResult", "WORLD_SIZE_PARAMS", "default_target", "target_codes", "code_runs_on", "device_arch",
@@ -214,7 +214,7 @@ _BARRIER_JIT = None
 
 
 def barrier_jit():
-    """The barrier module (tilescale/barrier_kernel.py) as a ``@tilescale.jit`` function of the world size:
+    """The barrier module (tilescale/runtime/barrier_kernel.py) as a ``@tilescale.jit`` function of the world size:
     what prebuild compiles ahead (the runtime builds the same PrimFunc itself, at its first barrier)."""
     global _BARRIER_JIT
     if _BARRIER_JIT is None:

@@ -46,12 +46,13 @@ import threading
 import torch
 import torch.distributed as _td
 
-from . import staged_collectives, topology
+from . import staged_collectives
 from .errors import GraphCaptureError, SymmetricHeapExhaustedError
 from .ops.registry import collectives
 from .plan import Plan, PlanUnsupportedError
 from .plan import registry as _registry
 from .plan import selector as _selector
+from .runtime import topology
 from .staged_collectives import DoneWork
 
 log = logging.getLogger("tilescale.distributed")

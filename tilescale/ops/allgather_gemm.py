@@ -249,8 +249,8 @@ class AGGemm(Op):
                  profile: bool | None = None):
         import torch
 
-        from .. import symm, topology
         from ..env import settings
+        from ..runtime import symm, topology
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile) as agreed:
             profile = settings.profile_device if profile is None else profile

@@ -75,7 +75,7 @@ class Op:
         """A symmetric tensor of this op (collective; zero-filled with `zero`), freed by :meth:`close`. When
         it cannot be allocated (e.g. the heap is exhausted: on every rank alike), the op's buffers allocated
         so far are freed before the error propagates."""
-        from .. import symm
+        from ..runtime import symm
 
         try:
             t = (symm.zeros if zero else symm.empty)(shape, dtype=dtype)
@@ -132,7 +132,7 @@ class Op:
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
-        from .. import symm
+        from ..runtime import symm
 
         while self._buffers:
             symm.free(self._buffers.pop(0))

@@ -372,7 +372,7 @@ class GemmRS(Op):
                  config: GemmConfig | None = None, path: str | None = None):
         import torch
 
-        from .. import symm
+        from ..runtime import symm
 
         with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config,
                             path=path) as agreed:

@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
-from .compat import default_store
-from .errors import RemoteRankError, WaitTimeoutError
+from ..compat import default_store
+from ..errors import RemoteRankError, WaitTimeoutError
 
 _CMP_NAMES = ("==", "!=", ">", ">=", "<", "<=")
 # Set while this rank reports an error of its own (runtime's excepthook): its watchdog then leaves it be.
@@ -50,7 +50,7 @@ def read_record(rt) -> dict | None:
 
 
 def describe(rec: dict) -> str:
-    from .language.distributed import CALL_NUMBER_SITE, WAIT_SITES
+    from ..language.distributed import CALL_NUMBER_SITE, WAIT_SITES
 
     if rec["site"] == CALL_NUMBER_SITE:
         return (f"rank {rec['rank']}, block {rec['block']}: T.call_number: block {rec['observed']} of the grid has no "

@@ -23,25 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, diagnostics, heap, nvshmem_start, shm_leftovers
-from .compilation import toolchain
-from .compilation.cache_files import build_once, private_dir
-from .compilation.kernel_build import compile_kernel, func_name
-from .compilation.nvshmem_host import load_host_library
-from .env import MAX_SECONDS, check_node_size, settings
-from .errors import (
+from .. import compat, shm_leftovers
+from ..compilation import toolchain
+from ..compilation.cache_files import build_once, private_dir
+from ..compilation.kernel_build import compile_kernel, func_name
+from ..compilation.nvshmem_host import load_host_library
+from ..env import MAX_SECONDS, check_node_size, settings
+from ..errors import (
     AlreadyInitializedError,
     NotInitializedError,
     SymmetricMismatchError,
     TileScaleError,
     WaitTimeoutError,
 )
+from . import diagnostics, heap, nvshmem_start
 from .mpg_lock import HostLock, first_on_host
 from .placement import device_map, env_int, process_group_args  # noqa: F401  (runtime.device_map, ...)
 
 log = logging.getLogger("tilescale")
 
-SHIM_SOURCE = Path(__file__).resolve().parent / "csrc" / "ts_runtime.cu"
+SHIM_SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "ts_runtime.cu"
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def is_initialized() -> bool:
 def current() -> Runtime:
     if _RT is None or _RT.closed:
         if settings.compile_only:   # a script's compile-only run (tilescale/compile_only.py) has no runtime
-            from .compilation.compile_only import NeedsGpu
+            from ..compilation.compile_only import NeedsGpu
 
             raise NeedsGpu("the tilescale runtime (tilescale.ops, symmetric memory of peers)")
         raise NotInitializedError("the tilescale distributed runtime is not initialised: call "
@@ -218,7 +219,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
     """
     global _RT
     if settings.compile_only:   # rank 0's answer, nothing started (tilescale/compile_only.py)
-        from .compilation.compile_only import rank_zero
+        from ..compilation.compile_only import rank_zero
 
         return DistInfo(**rank_zero())
     with _init_lock:
@@ -230,8 +231,8 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         import torch
         import torch.distributed as dist
 
-        from . import logs
-        from .compilation.discovery import find_nvshmem
+        from .. import logs
+        from ..compilation.discovery import find_nvshmem
 
         logs.apply()
         # CUDA lazy loading deadlocks a kernel that spins on a signal while the kernel that sets it is
@@ -371,7 +372,7 @@ def synchronize() -> None:
 
 def _late_to_finalize(rt: Runtime) -> list[int]:
     """Ranks that did not reach finalize() within TILESCALE_WAIT_TIMEOUT_S (empty when every rank did)."""
-    from .env import settings
+    from ..env import settings
 
     if rt.info.world_size == 1:
         return []
@@ -426,7 +427,7 @@ def _teardown(rt: Runtime) -> None:
     # normal exit) would otherwise wait forever while the others wait for it in their kernels.
     late = _late_to_finalize(rt)
     if late:
-        from .env import settings
+        from ..env import settings
 
         msg = (f"rank {rt.info.rank}: tilescale.finalize() gave up after {settings.wait_timeout_s:g} s "
                f"(TILESCALE_WAIT_TIMEOUT_S) waiting for rank(s) {', '.join(map(str, late))} to call it too (still "

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import compat, runtime, symm
-from .compilation.backend import BackendSpec
-from .errors import WorldSizeMismatchError
+from .. import compat, runtime
+from ..compilation.backend import BackendSpec
+from ..errors import WorldSizeMismatchError
+from . import symm
 
 
 class DistributedKernel:

@@ -17,9 +17,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from .arguments import as_shape
-from .env import settings, symmetric_heap_size
-from .errors import (
+from ..arguments import as_shape
+from ..env import settings, symmetric_heap_size
+from ..errors import (
     NotSymmetricError,
     OpArgumentError,
     OpArgumentTypeError,
@@ -27,9 +27,9 @@ from .errors import (
     TileScaleError,
     user_location,
 )
+from . import current
 from .heap import Allocation
 from .heap import registry as _registry
-from .runtime import current
 
 
 class _CudaMemory:
@@ -77,7 +77,7 @@ def empty(*shape, dtype=None):
     if len(shape) == 1 and not isinstance(shape[0], int):
         shape = shape[0]
     if settings.compile_only:   # a meta tensor (tilescale/compilation/compile_only.py)
-        from .compilation.compile_only import meta_tensor
+        from ..compilation.compile_only import meta_tensor
 
         return meta_tensor(_shape(shape), _dtype(dtype))
     rt = current()

@@ -3,7 +3,7 @@
 NVSHMEM's start is collective and cannot be interrupted: ``nvshmemx_init_attr`` waits in its bootstrap for
 every rank, with no bound of its own. A rank that fails before or during it (an error it raises, a kill)
 would leave the others waiting there forever, and in the shared-GPU mode the lowest rank of each host waits
-while holding the host lock (tilescale/mpg_lock.py), which stalls every other such job of the host. So the
+while holding the host lock (tilescale/runtime/mpg_lock.py), which stalls every other such job of the host. So the
 start runs under a :class:`StartGuard`, a thread that begins before it:
 
 * a rank whose start raises publishes its error in the job's store (the failure key of this runtime
@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
+from ..errors import TileScaleError
 from . import diagnostics
-from .errors import TileScaleError
 
 log = logging.getLogger("tilescale")
 
@@ -62,7 +62,7 @@ def start(shim, install, rank: int, world: int, ctrl, *, timeout_s: float, gener
     """Start NVSHMEM on this rank (rank 0's unique id broadcast over the gloo group `ctrl`, then
     ``nvshmemx_init_attr``) under a :class:`StartGuard` (module docstring), bounded by `timeout_s` (twice that
     when `shared`: the shared-GPU mode, where a host's lowest rank may wait for the host lock first). `holder`:
-    this rank takes the host `lock` first and gives it back once its own start returned (tilescale/mpg_lock.py).
+    this rank takes the host `lock` first and gives it back once its own start returned (tilescale/runtime/mpg_lock.py).
     `store`: the job's store (default: torch.distributed's); `generation`: the runtime generation it begins."""
     if store is None:
         with contextlib.suppress(Exception):   # no store: the guard still bounds the start
@@ -80,7 +80,7 @@ def start(shim, install, rank: int, world: int, ctrl, *, timeout_s: float, gener
             _start(shim, install, rank, world, ctrl)
         finally:
             if holder:
-                lock.release()   # every PE of this host has opened NVSHMEM's per-GPU slab (tilescale/mpg_lock.py)
+                lock.release()   # every PE of this host has opened NVSHMEM's per-GPU slab (runtime/mpg_lock.py)
     except BaseException as e:
         guard.stop.set()
         diagnostics.publish(store, key, rank, f"{type(e).__name__}: {e}".splitlines()[0][:500])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .env import check_node_size, settings
+from ..env import check_node_size, settings
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def of(world_size: int, local_world_size: int | None = None) -> Topology:
 
 def current() -> Topology:
     """The topology of the running job (tilescale.init_distributed() first)."""
-    from . import runtime
+    from .. import runtime
 
     info = runtime.current().info
     return of(info.world_size, info.local_world_size)

@@ -17,7 +17,7 @@ name per host and network namespace, shared by every user and container of that 
 names are too. So any local process can hold it (another user's job, or one that merely binds the name) and
 make this host's shared-GPU jobs wait: the wait is bounded, and its error names the holder (pid and uid, which
 the kernel records when the holder listens on the socket: :func:`holder`). The NVSHMEM start that a holder runs
-under it is bounded too (tilescale/nvshmem_start.py), so a tilescale job never holds it for longer than its
+under it is bounded too (tilescale/runtime/nvshmem_start.py), so a tilescale job never holds it for longer than its
 start's bound.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import socket
 import struct
 import time
 
-from .env import check_seconds
-from .errors import TileScaleError
+from ..env import check_seconds
+from ..errors import TileScaleError
 
 NAME = "tilescale-nvshmem-mpg"
 

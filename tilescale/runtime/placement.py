@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import TileScaleError
+from ..errors import TileScaleError
 
 
 def device_map(local_world_size: int, num_gpus: int, ranks_per_gpu: int = 1) -> list[int]:

@@ -7,7 +7,7 @@ and as a ``@tilescale.jit`` function by :func:`tilescale.compiler.barrier_jit` (
 the same PrimFunc, so the same entry in tilelang's kernel cache."""
 from __future__ import annotations
 
-from . import language as T
+from .. import language as T
 
 
 def barrier_module(world_size: int):
