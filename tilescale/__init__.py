@@ -46,7 +46,7 @@ _LAZY = {
 }
 _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "build_modes", "runtime", "analysis",
                "codegen", "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler", "compat", "batch",
-               "logs")
+               "logs", "compilation", "pytorch")
 
 
 def barrier(stream=None) -> None:

@@ -19,6 +19,10 @@ _RUNTIME = ("barrier_kernel", "diagnostics", "distributed_kernel", "heap", "mpg_
 MOVED = {
     **{f"tilescale.{m}": f"tilescale.compilation.{m}" for m in _COMPILATION},
     **{f"tilescale.{m}": f"tilescale.runtime.{m}" for m in _RUNTIME},
+    "tilescale.distributed": "tilescale.pytorch.distributed",
+    "tilescale.staged_collectives": "tilescale.pytorch.staged_collectives",
+    "tilescale.ops.torch_ops": "tilescale.pytorch.torch_ops",
+    "tilescale.ops.async_tp": "tilescale.pytorch.async_tp",
 }
 
 

@@ -46,13 +46,13 @@ import threading
 import torch
 import torch.distributed as _td
 
+from ..errors import GraphCaptureError, SymmetricHeapExhaustedError
+from ..ops.registry import collectives
+from ..plan import Plan, PlanUnsupportedError
+from ..plan import registry as _registry
+from ..plan import selector as _selector
+from ..runtime import topology
 from . import staged_collectives
-from .errors import GraphCaptureError, SymmetricHeapExhaustedError
-from .ops.registry import collectives
-from .plan import Plan, PlanUnsupportedError
-from .plan import registry as _registry
-from .plan import selector as _selector
-from .runtime import topology
 from .staged_collectives import DoneWork
 
 log = logging.getLogger("tilescale.distributed")
@@ -100,9 +100,9 @@ def init_process_group(*args, use_tilescale: bool = False, tilescale_hints: dict
 def _gpus_shared() -> bool:
     """Whether the ranks of this node share GPUs (the shared-GPU mode, ``TILESCALE_RANKS_PER_GPU``): the
     device map that ``tilescale.init_distributed`` will use, from the launcher's environment."""
-    from . import runtime
-    from .env import settings
-    from .errors import TileScaleError
+    from .. import runtime
+    from ..env import settings
+    from ..errors import TileScaleError
 
     if runtime.is_initialized():
         return runtime.shares_gpu()
@@ -131,9 +131,9 @@ def _without_nccl_if_shared(args: tuple, kwargs: dict) -> tuple[tuple, dict, boo
 
 
 def _enable(hints: dict, shared: bool = False) -> None:
-    from . import runtime
-    from .env import settings
-    from .plan import builtin
+    from .. import runtime
+    from ..env import settings
+    from ..plan import builtin
 
     if settings.dist_debug:
         _debug_to_stderr()
@@ -165,7 +165,7 @@ def destroy_process_group(group=None) -> None:
     if group is None or group is GroupMember.WORLD:
         if _S.enabled:
             if _S.started_runtime:
-                from . import runtime
+                from .. import runtime
 
                 runtime.finalize()
             elif _S.own_ctrl and _S.ctrl is not None:
@@ -209,7 +209,7 @@ def _check_hints(hints, arg: str) -> dict:
 
 
 def _hints(call_hints) -> dict:
-    from .env import settings
+    from ..env import settings
 
     h = {}
     if settings.dist_prefer != "auto":
@@ -333,7 +333,7 @@ def _route(collective: str, t, msg_bytes: int, why_not: str | None, plan, hints)
 def _graph_safe(plan) -> bool:
     """Whether a captured call may run `plan`: a built-in plan whose ops count calls on the device
     (tilescale.ops.capture); any other plan's calls go to NCCL during capture."""
-    from .plan import builtin
+    from ..plan import builtin
 
     return "builtin" in plan.tags and plan.name in builtin.GRAPH_SAFE
 

@@ -90,42 +90,42 @@ class TilescaleBackend:
             return False
 
     def all_gather(self, x):
-        from .allgather import all_gather
+        from ..ops.allgather import all_gather
 
         return all_gather(x)
 
     def reduce_scatter(self, x, W: int):
-        from .reduce_scatter import reduce_scatter_tensor
+        from ..ops.reduce_scatter import reduce_scatter_tensor
 
         out = x.new_empty((x.shape[0] // W, *x.shape[1:]))
         return reduce_scatter_tensor(out, x)
 
     def all_reduce_(self, x) -> None:
-        from .allreduce import all_reduce
+        from ..ops.allreduce import all_reduce
 
         all_reduce(x)
 
     def all_to_all_single(self, x, output_split_sizes, input_split_sizes):
-        from .all_to_all import all_to_all_single
+        from ..ops.all_to_all import all_to_all_single
 
         rows = sum(output_split_sizes) if output_split_sizes else x.shape[0]
         out = x.new_empty((rows, *x.shape[1:]))
         return all_to_all_single(out, x, output_split_sizes or None, input_split_sizes or None)
 
     def broadcast_(self, x, src: int) -> None:
-        from .broadcast_from_root import broadcast
+        from ..ops.broadcast_from_root import broadcast
 
         broadcast(x, src)
 
     def ag_gemm(self, a, b, return_gathered: bool):
         """(c, all_gather(a) or None): the fused op (rows padded where needed)."""
-        from .allgather_gemm import ag_gemm
+        from ..ops.allgather_gemm import ag_gemm
 
         r = ag_gemm(a, b, return_gathered=return_gathered)
         return r if return_gathered else (r, None)
 
     def gemm_rs(self, x, w):
-        from .gemm_reduce_scatter import gemm_rs
+        from ..ops.gemm_reduce_scatter import gemm_rs
 
         return gemm_rs(x, w)
 
@@ -147,8 +147,8 @@ def world_size() -> int:
 def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | None:
     """Why the fused kernel of `op` ("ag_gemm" or "gemm_rs") cannot run this problem (rows per rank, N,
     K, with K the local K of gemm_rs), or None when it can (rows padded to a multiple of 128)."""
-    from . import checks
-    from .gemm import check, gemm_config, padded_rows
+    from ..ops import checks
+    from ..ops.gemm import check, gemm_config, padded_rows
 
     if checks.dtype_name(dtype) not in checks.GEMM_DTYPES:
         return f"dtype {dtype} (the fused GEMMs take bfloat16 / float16)"
