@@ -20,12 +20,7 @@ An op that launches one kernel per call and has nothing else to record (AllGathe
     else:                               # not profiling, not decided yet, or more to record: call() / OpCall
 
 where ``record = profiling.call_record("coll", "AllGather", "allgather", bytes=n)`` is made once per op. Cheaper
-still, when the runtime shim has it (:class:`ShimCalls`), the shim makes the launch and that record in C::
-
-    if s.timed is not None:             # a quick_coll session with the shim's timed calls
-        rc = s.timed(op_call, x, stream)    # op_call = profiling.timed_call(<C entry>, record, args, vary), once per op
-
-(the four ints reach ``Session.raw`` in their place among the session's other records: ``RawWithShim``).
+still, the runtime shim makes the launch and that record in C (``s.timed``: :mod:`.timed_calls`).
 
 The hot path appends raw tuples. A session hands out its own event handles (ints); every start, stop and
 state change is one tuple appended to ``Session.raw`` (host times from ``time.perf_counter_ns``), and the
