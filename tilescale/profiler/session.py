@@ -41,11 +41,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import records
 from .events import EventDescr, EventState, EventType, Profiler, ProfilerContext
 
 # now and timed_call are the ops' too (profiling.now, profiling.timed_call)
 from .raw import COLL, FUSED, KERNEL, LAUNCH, START, START2, START_AT, STATE, STOP, STOP2, STOP_AT, TYPES, now
-from .records import OpCall, current_stream
+from .records import OpCall
 from .timed_calls import RawWithShim, ShimCalls, TimedFn, timed_call  # noqa: F401
 
 log = logging.getLogger("tilescale")
@@ -162,7 +163,7 @@ class Session:
         self.streams: dict[int, str] = {}
         self.closed = False
         if self.mask & (EventType.KERNEL | EventType.COPY):
-            self.track_of(current_stream())   # the stream ops launch on is "stream 0"
+            self.track_of(records.current_stream())   # the stream ops launch on is "stream 0"
 
     # -- the profiler API, filtered by the mask; handles are the session's ints (None: type not recorded)
     def on(self, t: EventType) -> bool:
