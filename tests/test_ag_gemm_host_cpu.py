@@ -36,11 +36,12 @@ def test_stream_op_matches_the_shim_struct():
         "WRITE": so.WRITE, "WAIT_GEQ": so.WAIT_GEQ, "COPY": so.COPY, "GET": so.GET, "SIGNAL_ADD": so.SIGNAL_ADD,
         "EVENT_RECORD": so.EVENT_RECORD, "EVENT_WAIT": so.EVENT_WAIT, "ZERO": so.ZERO}
     assert "int ts_stream_ops(void* const* streams, const ts_stream_op* ops, int n, int* failed)" in src
-    from tilescale import runtime, stream_waits
+    from tilescale import runtime
+    from tilescale.runtime import stream_waits
 
     assert runtime._SIGS["ts_stream_ops"] == ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
                                               ctypes.c_int)
-    # every stream wait is watched through its slot (tilescale/stream_waits.py): a program's in its `n`, a wait
+    # every stream wait is watched through its slot (tilescale/runtime/stream_waits.py): a program's in its `n`, a wait
     # issued alone in its last argument
     assert "int ts_stream_wait_geq_u64(void* stream, void* addr, unsigned long long value, void* watch)" in src
     assert runtime._SIGS["ts_stream_wait_geq_u64"] == ([ctypes.c_void_p] * 2 + [ctypes.c_ulonglong, ctypes.c_void_p],
@@ -64,7 +65,7 @@ def test_program_packs_its_ops_and_runs_them_in_one_call():
     with pytest.raises(ValueError, match="kind 9"):
         p.add(9, 0)
     p.seal()
-    watch = p.watches[("Op", "ready[1]", 1)]      # the wait's slot (tilescale/stream_waits.py), in its `n`
+    watch = p.watches[("Op", "ready[1]", 1)]      # the wait's slot (tilescale/runtime/stream_waits.py), in its `n`
     assert watch and p.array[0].n == watch
     calls = []
 
@@ -114,7 +115,7 @@ try:
     p.run(lib.ts_stream_ops, 0, "t")
 except RuntimeError as e:
     print("ERR", e)
-from tilescale import stream_waits
+from tilescale.runtime import stream_waits
 t = stream_waits.Table([stream_waits.Wait("Op", "f[1]", 1, 0, 1)], 5)
 print("WAIT", lib.ts_stream_wait_geq_u64(None, None, 1, t.address(0)), list(t.words))
 """
@@ -381,10 +382,10 @@ def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, ne
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_every_stream_wait_is_watched_under_its_label(fake_cuda, contiguous):
     """Each stream wait of a call (step 2's for ``freed[q]``, step 4's for ``ready[src]``) has its slot of
-    tilescale/stream_waits.py, labelled with the op, the flag and the rank that sets it, with the flag's address and
-    the value waited for, bounded by TILESCALE_WAIT_TIMEOUT_S as it was when the op was built; the profiled steps
-    use the slot of the same wait (the same stream). With TILESCALE_WAIT_TIMEOUT_S=0, no slot: nothing is queued
-    for the bound."""
+    tilescale/runtime/stream_waits.py, labelled with the op, the flag and the rank that sets it, with the flag's
+    address and the value waited for, bounded by TILESCALE_WAIT_TIMEOUT_S as it was when the op was built; the
+    profiled steps use the slot of the same wait (the same stream). With TILESCALE_WAIT_TIMEOUT_S=0, no slot:
+    nothing is queued for the bound."""
     from tilescale.env import settings
 
     log = fake_cuda
@@ -682,7 +683,7 @@ def test_pushes_start_with_the_call(fake_cuda, W, rank, contiguous):
     want = [(so.EVENT_WAIT, h, "start")]
     for j in range(1, W):
         dst = (rank - j) % W
-        watch = op._first.watches[("AGGemm", f"freed[{dst}]", dst)]      # its slot (tilescale/stream_waits.py)
+        watch = op._first.watches[("AGGemm", f"freed[{dst}]", dst)]      # its slot (tilescale/runtime/stream_waits.py)
         assert watch
         want += [(so.WAIT_GEQ, h, op._freed_here[dst], 1, watch, 0), (so.WRITE, h, op._freed_here[dst], 0, 0, 0)]
         at = op._peers[dst].data_ptr() + rank * op.rows * op.K * 2

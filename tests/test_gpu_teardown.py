@@ -186,7 +186,7 @@ def _gone(pids, timeout: float) -> bool:
 @pytest.mark.parametrize("nranks", SIZES)
 @pytest.mark.parametrize("fault", ["skips_a_call", "sigstop"])
 def test_ag_gemm_peer_fault_ends_every_other_rank(fault, nranks, placement):
-    """AG+GEMM's stream waits are bounded (tilescale/stream_waits.py): rank 1 skips one call, or is SIGSTOPped
+    """AG+GEMM's stream waits are bounded (tilescale/runtime/stream_waits.py): rank 1 skips one call, or is SIGSTOPped
     mid-call (its host stops, its watchdog too; its GPU ends what was queued). Every other rank ends within the bound
     (+ the watchdog's polls and STOP_GRACE_S), with a record naming the op and the flag rank 1 sets (said by the
     watchdog of a rank whose stream wait gave up, or added to the record of its GEMM's wait for a chunk that the
@@ -246,7 +246,7 @@ def test_sighup_ends_every_process(nranks):
 def test_jobs_sharing_a_gpu_start_and_stop_side_by_side(nranks):
     """Four jobs that share the GPU(s) start and stop at the same moment, three times: NVSHMEM names its
     per-GPU slab of the multi-process-per-GPU mode once per host, so without tilescale's host lock
-    (tilescale/mpg_lock.py) one job unlinks another's slab ("Failed to open shared memory slab")."""
+    (tilescale/runtime/mpg_lock.py) one job unlinks another's slab ("Failed to open shared memory slab")."""
     need(nranks)
     for _ in range(3):
         batch = [jobs.Job(MAIN, "normal", gpus=nranks) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""Bounded stream-memory waits on CPU (tilescale/stream_waits.py): a stream wait that a peer never releases is
+"""Bounded stream-memory waits on CPU (tilescale/runtime/stream_waits.py): a stream wait that a peer never releases is
 named by the watchdog (the op, the flag, the rank that sets it), published as a wait that gave up, and its rank
 stops; the other ranks stop as for any failure; finalize() never waits forever for this rank's GPU. No GPU: the
 shim's part of a watched wait (ts_runtime.cu's watch_wait: count the call, note its time) is done here as it does
@@ -13,9 +13,9 @@ import pytest
 import torch
 from test_abort import FakeStore, fake_rt, start_dog
 
-from tilescale import diagnostics, stream_waits
 from tilescale.env import settings
 from tilescale.ops import stream_ops as so
+from tilescale.runtime import diagnostics, stream_waits
 
 
 @pytest.fixture

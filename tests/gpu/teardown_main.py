@@ -19,7 +19,8 @@ rank's kernel spins until the previous rank's signal arrives), checks the result
   collective teardown the others never join); the others wait in their ring kernels until the bound;
 * ``kill9``: rank 1 kills itself with SIGKILL (nothing of it runs after);
 * ``ag_skip``: AG+GEMM calls, of which rank 1 skips one: the other ranks' last call waits on a copy stream for
-  rank 1's ``ready`` flag, which never comes (a stream wait, bounded by the watchdog: tilescale/stream_waits.py);
+  rank 1's ``ready`` flag, which never comes (a stream wait, bounded by the watchdog:
+  tilescale/runtime/stream_waits.py);
 * ``ag_loop``: AG+GEMM calls until stopped, at most 300 s (the test SIGSTOPs rank 1 mid-call).
 """
 import os

@@ -1,4 +1,4 @@
-// ts_runtime.cu: the host side of tilescale's NVSHMEM runtime, loaded by tilescale/runtime.py through
+// ts_runtime.cu: the host side of tilescale's NVSHMEM runtime, loaded by tilescale/runtime/__init__.py through
 // ctypes. Host-only (no kernels, no libnvshmem_device): built once per NVSHMEM install by nvcc into
 // tilescale's cache directory. Every function returns a status instead of exiting the process.
 #include <cuda.h>
@@ -53,14 +53,14 @@ const DriverOps& driver_ops() {  // looked up once (a C++11 static: thread-safe)
   return d;
 }
 
-// A watched stream wait's slot (tilescale/stream_waits.py): pinned host memory, in the wait's `n` field.
+// A watched stream wait's slot (tilescale/runtime/stream_waits.py): pinned host memory, in the wait's `n` field.
 struct ts_watch {
   unsigned long long done;     // the GPU's: the number of the last call that passed the wait
   unsigned long long issued;   // this host's: the number of the last call issued
   long long issued_ns;         // when (monotonic_ns)
   long long bound_ns;          // the table's; read by the watchdog only
 };
-static_assert(sizeof(ts_watch) == 32, "ts_watch: 4 words (tilescale/stream_waits.py WORDS)");
+static_assert(sizeof(ts_watch) == 32, "ts_watch: 4 words (tilescale/runtime/stream_waits.py WORDS)");
 
 // After a wait was queued on `s`: count the call in its slot and queue a write of its number into `done` (no
 // memory barrier: it orders nothing) behind the wait, so the watchdog sees a call that never passes it. Nothing

@@ -284,8 +284,8 @@ class AGGemm(Op):
                  profile: bool | None = None, fused: bool | None = None):
         import torch
 
-        from .. import symm, topology
         from ..env import settings
+        from ..runtime import symm, topology
         from . import fused_paths
         from .gemm import current_gpu
 
@@ -769,7 +769,7 @@ class AGGemm(Op):
 
 def _label(flag: str, q: int) -> tuple:
     """The label of a stream wait for my flag `flag` (``ready`` / ``freed``) of rank `q`, which rank q sets: what the
-    record of a wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/stream_waits.py)."""
+    record of a wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/runtime/stream_waits.py)."""
     return ("AGGemm", f"{flag}[{q}]", q)
 
 

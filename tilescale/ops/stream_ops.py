@@ -8,12 +8,12 @@ The ops are issued in array order, each on its stream (an index into the program
 same Python calls would be: the order of a protocol is the order of its program.
 
 Every stream wait is bounded: a ``WAIT_GEQ`` carries a label (op, flag, peer), and a sealed program gives each wait
-a slot of :mod:`tilescale.stream_waits` (in the op's `n` field, which a wait does not use otherwise; none when
+a slot of :mod:`tilescale.runtime.stream_waits` (in the op's `n` field, which a wait does not use otherwise; none when
 ``TILESCALE_WAIT_TIMEOUT_S`` is 0), where the shim counts the calls it issues and the GPU the calls that passed the
 wait. The runtime's watchdog names a wait that did not pass within the bound and stops the job."""
 import ctypes
 
-from .. import stream_waits
+from ..runtime import stream_waits
 
 WRITE, WAIT_GEQ, COPY, GET, SIGNAL_ADD, EVENT_RECORD, EVENT_WAIT, ZERO = range(1, 9)
 KIND_NAMES = {WRITE: "stream write", WAIT_GEQ: "stream wait (>=)", COPY: "copy", GET: "NVSHMEM get",
