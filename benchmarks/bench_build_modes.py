@@ -14,8 +14,8 @@ tilelang makes it TMA + wgmma, warp-specialised):
                 wgmma around (no C7509), so rdc / rdc_st splits the rdc mode's loss between the two
   cuBLAS        torch.matmul
 Prints a table with TFLOP/s and the ratio to tilelang; every variant is checked against torch first. The
-variants' calls are timed interleaved, one call of each after another (timing.time_interleaved; round-robin
-batches of 20 calls before run 26).
+variants' calls are timed interleaved, one call of each after another (timing.time_interleaved), so that clocks
+and heat hit every variant alike.
 """
 import argparse
 import json
@@ -102,7 +102,7 @@ def run(info, args):
             raise AssertionError(f"{n}: relative max error {err:.3g} vs torch (expected < 1e-2)")
     fns = {n: (lambda k=k: k(A, B, C, flag)) for n, k in kernels.items()}
     fns["cuBLAS"] = lambda: torch.matmul(A, B, out=C)
-    # the variants' calls interleaved one by one, so that clocks and heat hit every variant alike (run 26)
+    # the variants' calls interleaved one by one, so that clocks and heat hit every variant alike
     us = time_interleaved(fns, args.warmup, args.iters, args.repeats)
     ms = {n: us[n] / 1e3 for n in fns}
     flop = 2.0 * M * N * K

@@ -10,12 +10,12 @@ Columns (microseconds, slowest rank): NCCL alone, cuBLAS alone, NCCL then cuBLAS
 (torch.ops.symm_mem.fused_*), tilescale fused, tilescale's GEMM alone (no waiting); ideal = max(NCCL
 alone, cuBLAS alone); ratio = tilescale / ideal (target <= 1.10); GEMM eff = cuBLAS / our GEMM alone.
 Every shape is checked against torch before it is timed. ``--timing`` says how the columns of a shape are timed:
-``interleaved`` (the default since run 26: one call of each column after another, each call between its own
+``interleaved`` (the default: one call of each column after another, each call between its own
 events, timing.time_interleaved, so that every column runs in the same power and thermal state of the GPU),
-``turns`` (runs 20-25: each repeat times every column's calls back to back, one column after the other,
-timing.time_ops; the column timed after a light one, such as cuBLAS after NCCL, ran on a cooler GPU: RESULTS.md
-run 26 shows the same kernels at 0.92 or 0.99 of cuBLAS by the order of the columns) or ``sequential`` (each
-column's repeats before the next column's: the runs before run 20). ``--reverse`` times the columns in the
+``turns`` (each repeat times every column's calls back to back, one column after the other,
+timing.time_ops; the column timed after a light one, such as cuBLAS after NCCL, runs on a cooler GPU: the same
+kernels measure 0.92 or 0.99 of cuBLAS by the order of the columns) or ``sequential`` (each
+column's repeats before the next column's). ``--reverse`` times the columns in the
 reverse order.
 """
 import argparse

@@ -36,7 +36,7 @@ device's count of the op's calls, so the op's host count is set to the device's 
 again).
 
 Targets (issue 15): an AllGather of 1 MiB per rank, the op object's call: <= 3 us; AG+GEMM, the op object's
-call: <= 30 us (the issue quotes 8.4 us and 219-243 us today; RESULTS.md run 7 has the 8.4 us). The functions'
+call: <= 30 us. The functions'
 rows have no target.
 
 CUDA graph (issue 16): an AllGather of 1 MiB per rank ``ag(x, out=t)`` captured with torch.cuda.graph: host us

@@ -202,7 +202,7 @@ def make_ag_gemm(W):
     op.streams = [FakeStream(0x6000 + j) for j in range(W if two_gemms else max(1, W - 1))]
     peers = [torch.zeros(M, K, dtype=dt) if p != 0 else None for p in range(W)]   # every peer on this node
     op._peers = peers
-    op._pull_first = [False] * W      # every peer on another GPU (copy engines; read by trees since run 25)
+    op._pull_first = [False] * W      # every peer on another GPU (copy engines)
     op._flag_at = {"ready": [0x100000 + 8 * p for p in range(W)], "freed": [0x200000 + 8 * p for p in range(W)]}
     op._ready_here = [0x300000 + 8 * q for q in range(W)]
     op._freed_here = [0x400000 + 8 * q for q in range(W)]

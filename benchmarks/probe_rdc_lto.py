@@ -4,7 +4,7 @@ tilescale finds. CPU only: it compiles and links, runs nothing (no GPU, no libcu
 
     python benchmarks/probe_rdc_lto.py [--json out.json]
 
-Under ``-rdc=true`` tilelang's Hopper GEMM runs at 0.80 of its plain build (RESULTS.md, runs 3 and 20): ptxas
+Under ``-rdc=true`` tilelang's Hopper GEMM runs at 0.80 of its plain build (docs/rdc-lto.md): ptxas
 ignores ``setmaxnreg`` (C7504) and serialises wgmma around the calls into libnvshmem_device (C7509). Each step
 below prints the tool's own words; docs/rdc-lto.md reads them. The kernel is a stand-in for tilelang's
 warp-specialised GEMM: 384 threads, one producer warpgroup giving registers up (``setmaxnreg.dec``), two consumer

@@ -39,7 +39,7 @@ from tilescale import testing  # noqa: E402
 TARGET_HOST = 0.02
 TARGET_KERNEL = 0.05
 AG_BYTES = 1 << 20
-AG_ROUNDS, AG_ITERS = 41, 200   # host events: off/on rounds (at least), calls per timed batch (9, 50 before run 26)
+AG_ROUNDS, AG_ITERS = 41, 200   # host events: off/on rounds (at least), calls per timed batch
 
 
 # ------------------------------------------------------------------------------ reading a trace
@@ -226,7 +226,7 @@ def _interleaved_us(fn_off, fn_on, pairs: int = 30, warmup: int = 3) -> tuple[fl
     """Microseconds per launch of `fn_off` and `fn_on` launched alternately on one stream (off, on, off, ...),
     each between two CUDA events: median per kind, max over ranks. Both kinds run under the same clocks,
     power and L2 state; timing one kind's batch after the other's let the GPU's state differ between them
-    (run 7: +13.8 % for an instrumented kernel whose SASS differs from the plain one by a few stores per block
+    (+13.8 % for an instrumented kernel whose SASS differs from the plain one by a few stores per block
     outside the mainloop, while the same kernel inside the profiled op measured 358-360 us against 355)."""
     import statistics
 
@@ -346,7 +346,7 @@ def run(info, a) -> None:
             return time_op(lambda: ag(xg), iters=AG_ITERS)
 
     # a 2 % target on ~6-10 us calls: more rounds and calls than the other rows (each round ~3 ms of calls; with 9
-    # rounds of 50 calls, run 26 saw +4.3% where run 25 had seen -4.2% on the same code)
+    # rounds of 50 calls, the same code measured +4.3% once and -4.2% another time)
     ag_off_us, ag_on_us = _median_rounds(lambda: time_op(lambda: ag(xg), iters=AG_ITERS), ag_on,
                                          max(a.rounds, AG_ROUNDS))
     cpu_off = _cpu_us(lambda: ag(xg), 1000)
@@ -406,7 +406,7 @@ def run(info, a) -> None:
         print_table("Profiler overheads (us per call, slowest rank, median of rounds)",
                     ["what", "off", "on", "overhead", "target", "status"], rows)
         print(f"host cost of one AllGather call issued back to back: {cpu_off:.1f} us off, {cpu_on:.1f} us on")
-        print(f"GEMM kernel timed in separate batches (run 7's method): {k_batch[0]:.1f} us off, {k_batch[1]:.1f} us "
+        print(f"GEMM kernel timed in separate batches: {k_batch[0]:.1f} us off, {k_batch[1]:.1f} us "
               "with timestamps")
         if clock:
             print(f"GPU clock -> host clock: offset {clock['offset_ns']} ns, error <= {clock['error_ns']} ns, "

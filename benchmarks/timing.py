@@ -33,7 +33,7 @@ def time_ops(fns: dict, warmup: int = 5, iters: int = 20, repeats: int = 5) -> d
     repeats all before the next fn's (:func:`time_op` per fn) lets the GPU's clock differ between them: a GPU
     that has run GEMMs for a while at its power limit runs the next ones at a lower clock, so whatever is timed
     last looks slower. Turns give every fn the same conditions on average, not per fn: the fn timed right after a
-    light one (a short collective) starts on a cooler GPU (RESULTS.md run 26); :func:`time_interleaved` removes that."""
+    light one (a short collective) starts on a cooler GPU; :func:`time_interleaved` removes that."""
     import torch
 
     from tilescale import staged_collectives
@@ -77,8 +77,8 @@ def time_interleaved(fns: dict, warmup: int = 5, iters: int = 20, repeats: int =
     repeats of its calls' mean (max over ranks when a process group exists: ranks start each repeat together).
 
     Why: in turns (:func:`time_ops`) a fn's `iters` calls run back to back, so the fn timed after a light one (a
-    short collective) starts on a GPU that has cooled and clocks higher than the one timed after a heavy one (RESULTS.md
-    run 26: the same kernels 0.92 or 0.99 of cuBLAS by the order of the columns); interleaved calls share the GPU's
+    short collective) starts on a GPU that has cooled and clocks higher than the one timed after a heavy one (the
+    same kernels measure 0.92 or 0.99 of cuBLAS by the order of the columns); interleaved calls share the GPU's
     power and thermal state. Each call's events measure its GPU time: the host's time between calls is not counted
     while the GPU's queue stays ahead of the host, which holds for the GEMM-sized calls it is used for. ``_idle``
     (the share of a round the GPU spent between calls, the largest over repeats and ranks) shows a host-bound fn.

@@ -290,7 +290,7 @@ def test_finalize_after_a_trapped_kernel_only_closes(monkeypatch):
 def test_call_number_stops_a_kernel_without_printf_and_says_why():
     """T.call_number's check (a block with no counter) writes a wait record of its own site, said by the host, and
     calls no printf: a call anywhere in a kernel makes ptxas serialise its wgmma pipeline (C7510), which cost the
-    GEMM+RS GEMM (it counts its calls) 0.85-0.91 of cuBLAS on one H200 (RESULTS.md run 19, r5)."""
+    GEMM+RS GEMM (it counts its calls) 0.85-0.91 of cuBLAS on one H200."""
     import re
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Batches of kernel builds (tilescale/batch.py): side by side up to TILESCALE_BUILD_JOBS, one progress line on
+"""Batches of kernel builds (tilescale.compilation.batch): side by side up to TILESCALE_BUILD_JOBS, one progress line on
 rank 0 only while kernels are really built (nothing for cache hits, nothing on other ranks), kernels compiled in a
 batch are the ones ``fn(*args)`` returns (no second compile through tilelang's cache), and the ops and prebuild
 build through batches. No nvcc: a "build" here is tilelang's lowering of a small kernel (its code generation is

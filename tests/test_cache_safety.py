@@ -225,12 +225,13 @@ def test_key_flags_follow_nvcc_codegen_and_headers(tmp_path, monkeypatch):
 
     pkg = tmp_path / "pkg"
     (pkg / "include").mkdir(parents=True)
-    shutil.copy(toolchain._PKG / "codegen.py", pkg / "codegen.py")
+    (pkg / "compilation").mkdir()
+    shutil.copy(toolchain._PKG / "compilation" / "codegen.py", pkg / "compilation" / "codegen.py")
     shutil.copytree(toolchain._PKG / "include", pkg / "include", dirs_exist_ok=True)
     monkeypatch.setattr(toolchain, "_PKG", pkg)
     assert compiler.key_flags() == base, "a copy of the same sources gave another key"
     digests = {base[1]}
-    (pkg / "codegen.py").write_text((pkg / "codegen.py").read_text() + "\n# changed\n")
+    (pkg / "compilation" / "codegen.py").write_text((pkg / "compilation" / "codegen.py").read_text() + "\n# changed\n")
     digests.add(compiler.key_flags()[1])
     hdr = pkg / "include" / "tilescale" / "ops.cuh"
     hdr.write_text(hdr.read_text() + "\n// changed\n")

@@ -1,6 +1,6 @@
-"""Compile-only runs of scripts that are not examples (tilescale/compile_only.py): the kernels a script reaches are
-built, then the run stops where it needs a GPU and says where; a real error still fails. The README's Quickstart,
-saved as a file and started by the launcher, is tests/test_readme.py's."""
+"""Compile-only runs of scripts that are not examples (tilescale.compilation.compile_only): the kernels a script
+reaches are built, then the run stops where it needs a GPU and says where; a real error still fails. The README's
+Quickstart, saved as a file and started by the launcher, is tests/test_readme.py's."""
 from __future__ import annotations
 
 import os
@@ -56,8 +56,8 @@ def _run(tmp_path, mode: str) -> subprocess.CompletedProcess:
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TMPDIR": str(tmp_path / "tmp"),
            "TILESCALE_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, "-m", "tilescale.compile_only", str(script), mode], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=str(tmp_path))
+    return subprocess.run([sys.executable, "-m", "tilescale.compilation.compile_only", str(script), mode],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
 
 
 def _stop_line(mode: str) -> int:
@@ -104,12 +104,12 @@ def test_a_module_and_bad_invocations(tmp_path):
     env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "tilescale.compile_only", *args], capture_output=True, text=True,
-                              timeout=120, env=env, cwd=str(tmp_path))
+        return subprocess.run([sys.executable, "-m", "tilescale.compilation.compile_only", *args], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=str(tmp_path))
 
     r = run("-m", "pkg.prog", "a", "b")
     assert r.returncode == 0 and "MODULE ['a', 'b'] 2" in r.stdout, r.stdout + r.stderr
     r = run("-u", "x.py")
     assert r.returncode == 2 and "interpreter option '-u'" in r.stderr, r.stderr
     r = run()
-    assert r.returncode == 2 and "usage: python -m tilescale.compile_only" in r.stderr, r.stderr
+    assert r.returncode == 2 and "usage: python -m tilescale.compilation.compile_only" in r.stderr, r.stderr

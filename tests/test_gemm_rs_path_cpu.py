@@ -91,7 +91,7 @@ def test_push_kernel_runs_one_block_per_sm(no_runtime):
 
 
 def test_persistent_kernel_rasterizes_in_equal_panels():
-    """16 rows of tiles per rank in panels of 10 and 6 ran at half speed (RESULTS.md run 28): the persistent kernel
+    """16 rows of tiles per rank in panels of 10 and 6 ran at half speed: the persistent kernel
     takes the largest panel <= the config's swizzle that divides its rows."""
     from tilescale.ops.gemm import even_panel
 

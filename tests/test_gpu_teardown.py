@@ -187,7 +187,7 @@ def test_sighup_ends_every_process(nranks):
 def test_jobs_sharing_a_gpu_start_and_stop_side_by_side(nranks):
     """Four jobs that share the GPU(s) start and stop at the same moment, three times: NVSHMEM names its
     per-GPU slab of the multi-process-per-GPU mode once per host, so without tilescale's host lock
-    (tilescale/mpg_lock.py) one job unlinks another's slab ("Failed to open shared memory slab")."""
+    (tilescale/runtime/mpg_lock.py) one job unlinks another's slab ("Failed to open shared memory slab")."""
     need(nranks)
     for _ in range(3):
         batch = [jobs.Job(MAIN, "normal", gpus=nranks) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""nvcc's host pass of a distributed kernel sees its kernels' signatures only (tilescale/codegen.py,
+"""nvcc's host pass of a distributed kernel sees its kernels' signatures only (tilescale/compilation/codegen.py,
 device_code_for_device_pass): tilelang's device-only headers and the kernel bodies are behind ``__CUDA_ARCH__``, so
 the device pass compiles exactly tilelang's code and the host pass (cudafe++ and the host compiler) skips it.
 Checked with the C preprocessor on the generated AG+GEMM source, both ways; the builds of the CPU tier compile

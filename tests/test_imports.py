@@ -124,3 +124,40 @@ def test_no_import_cycles():
     assert not new, f"import cycles: {new}"
     gone = [sorted(e) for e in EXPECTED if not any(c <= e for c in found)]
     assert not gone, f"these cycles are gone: remove them from EXPECTED in {__file__}: {gone}"
+
+
+# The packages in layers, bottom first: a module imports modules of its own layer or below only. (tilescale.ops
+# loads tilescale.pytorch's torch_ops for its lazy names by name, which is not an import.)
+LAYERS = (
+    ("tilescale.env", "tilescale.errors", "tilescale.arguments", "tilescale.compat", "tilescale.build_modes",
+     "tilescale.logs", "tilescale.version"),
+    ("tilescale.compilation",),
+    ("tilescale.language",),
+    ("tilescale.runtime",),
+    ("tilescale.compiler",),
+    ("tilescale.ops", "tilescale.plan", "tilescale.profiler"),
+    ("tilescale.pytorch",),
+)
+
+
+def layer(module: str) -> int | None:
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {w}" for m, ws in g.items() for w in ws
+                  if layer(m) is not None and layer(w) is not None and layer(w) > layer(m))
+
+
+def test_the_packages_import_only_downward():
+    """The compile side imports nothing of the runtime, the runtime nothing of the ops, nothing below imports the
+    torch integration."""
+    assert not upward_imports(graph()), upward_imports(graph())
+
+
+def test_an_upward_import_is_found():
+    g = {"tilescale.runtime.symm": {"tilescale.ops.checks"}, "tilescale.ops.checks": {"tilescale.errors"}}
+    assert upward_imports(g) == ["tilescale.runtime.symm -> tilescale.ops.checks"]

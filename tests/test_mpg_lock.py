@@ -1,4 +1,4 @@
-"""The host lock around NVSHMEM's start and stop in the shared-GPU mode (tilescale/mpg_lock.py); the jobs
+"""The host lock around NVSHMEM's start and stop in the shared-GPU mode (tilescale/runtime/mpg_lock.py); the jobs
 that need it run in tests/test_gpu_teardown.py::test_jobs_sharing_a_gpu_start_and_stop_side_by_side."""
 import os
 import signal

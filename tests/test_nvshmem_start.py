@@ -1,4 +1,4 @@
-"""NVSHMEM's start, bounded and watched (tilescale/nvshmem_start.py), on CPU: a fake shim stands for NVSHMEM (its
+"""NVSHMEM's start, bounded and watched (tilescale.runtime.nvshmem_start), on CPU: a fake shim stands for NVSHMEM (its
 start returns an error, or never returns), a HashStore for the job's store, and os._exit is recorded. A rank whose
 start fails tells the others; a rank waiting in the start stops when told, or at its bound; the host lock is held
 around the start of its holder only. (A real NVSHMEM start: the GPU tiers.)"""

@@ -20,7 +20,7 @@ import tilescale
 import tilescale.language as T
 import tilescale.profiler as tp
 from tilescale import testing
-from tilescale.profiler import chrome_trace
+from tilescale.profiler import chrome_trace, records
 from tilescale.profiler import session as profiling
 from tilescale.profiler.default import RecordingProfiler
 from tilescale.profiler.device_timeline import (
@@ -168,8 +168,8 @@ class FakeGPU:
 @pytest.fixture
 def gpu(monkeypatch):
     g = FakeGPU()
-    monkeypatch.setattr(profiling, "_record_event", lambda stream: g.event(stream))
-    monkeypatch.setattr(profiling, "_current_stream", lambda: FakeStream(7))
+    monkeypatch.setattr(records, "record_event", lambda stream: g.event(stream))
+    monkeypatch.setattr(records, "current_stream", lambda: FakeStream(7))
     return g
 
 
@@ -454,8 +454,8 @@ def test_raw_records_become_the_events_a_live_profiler_gets(monkeypatch):
     on the wall clock."""
     def fresh():
         g = FakeGPU()
-        monkeypatch.setattr(profiling, "_record_event", lambda stream: g.event(stream))
-        monkeypatch.setattr(profiling, "_current_stream", lambda: FakeStream(7))
+        monkeypatch.setattr(records, "record_event", lambda stream: g.event(stream))
+        monkeypatch.setattr(records, "current_stream", lambda: FakeStream(7))
         return g
 
     t0 = time.time_ns()

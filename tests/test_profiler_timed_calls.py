@@ -147,7 +147,7 @@ def test_calls_without_a_c_entry_or_without_the_shims_timed_calls_are_recorded_i
 
 
 def test_many_calls_all_arrive_in_order(report):
-    """More calls than one take moves (session._TIMED_CHUNK): every one becomes its events, in the order made."""
+    """More calls than one take moves (timed_calls.TIMED_CHUNK): every one becomes its events, in the order made."""
     r = report["many"]
     assert r["calls"] > r["chunk"] and r["colls"] == r["calls"] and r["launches"] == r["calls"]
     assert r["in_order"] and r["lost"] == 0
@@ -188,6 +188,7 @@ def _main() -> None:
     from tilescale import discovery, runtime
     from tilescale.ops import allgather, base, checks
     from tilescale.profiler import session as profiling
+    from tilescale.profiler import timed_calls
     from tilescale.profiler.default import RecordingProfiler
 
     try:
@@ -323,7 +324,7 @@ def _main() -> None:
     use(lib)
     ag = make_op()
     ag(x)
-    calls = 3 * profiling._TIMED_CHUNK + 5
+    calls = 3 * timed_calls.TIMED_CHUNK + 5
     with tp.profile(None, mask="host", profiler=RecordingProfiler(), merge=False) as s:
         for _ in range(calls):
             ag(x)
@@ -332,7 +333,7 @@ def _main() -> None:
         in_order = len(s.raw) == 4 * calls and all(a <= b for a, b in zip(t, t[1:], strict=False))
         lost = s.shim.lost.value
     ev = events(s)
-    out["many"] = dict(calls=calls, chunk=profiling._TIMED_CHUNK, colls=sum(e["type"] == "COLL" for e in ev),
+    out["many"] = dict(calls=calls, chunk=timed_calls.TIMED_CHUNK, colls=sum(e["type"] == "COLL" for e in ev),
                        launches=sum(e["type"] == "LAUNCH" for e in ev), in_order=in_order, lost=lost)
 
     # a record left in the shim outside any session; then a session

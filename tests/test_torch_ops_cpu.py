@@ -1,4 +1,4 @@
-"""torch.ops.tilescale.* (tilescale/ops/torch_ops.py) on a machine without a GPU: fake (meta) impls under
+"""torch.ops.tilescale.* (tilescale/pytorch/torch_ops.py) on a machine without a GPU: fake (meta) impls under
 FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP, the autograd formulas
 and the async-TP drop-ins in a simulated world (W threads, one per rank, with collectives over shared
 memory), the padding of ag_gemm / gemm_rs tails, the fallbacks, and the checks of example_tp_layer.py's CUDA

@@ -54,7 +54,7 @@ RDC_BUILD = textwrap.dedent("""
 @pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])   # GEMM+RS: its push kernel
 def test_fused_gemms_make_no_nvshmem_call_in_the_rdc_mode(tmp_path, op):
     """Under -rdc=true a call into libnvshmem_device serialises the kernel's wgmma (C7509): the GEMM with T.quiet ran
-    at 0.80 of tilelang, the same GEMM with a flag store (no call, C7504 only) at 0.97 (RESULTS.md run 22). The fused
+    at 0.80 of tilelang, the same GEMM with a flag store (no call, C7504 only) at 0.97 (docs/rdc-lto.md). The fused
     ops' GEMM kernels signal with tilescale's own inline primitives, so the rdc mode keeps their pipeline."""
     out = ptxas_report(tmp_path, RDC_BUILD, op)
     assert "Compiling entry function" in out, "ptxas -v output not seen:\n" + out[-2000:]

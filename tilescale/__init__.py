@@ -19,20 +19,23 @@ from __future__ import annotations
 
 import importlib
 
+from . import _moved
 from .version import __version__ as __version__
+
+_moved.install()   # the modules' old paths (tilescale.symm, tilescale.toolchain...) keep working
 
 _LAZY = {
     # compiler
     "jit": ("tilescale.compiler", "jit"),
     "compile": ("tilescale.compiler", "compile"),
     "build": ("tilescale.compiler", "build"),
-    "compile_all": ("tilescale.batch", "compile_all"),
-    "build_all": ("tilescale.batch", "build_all"),
+    "compile_all": ("tilescale.compilation.batch", "compile_all"),
+    "build_all": ("tilescale.compilation.batch", "build_all"),
     "DistributedKernel": ("tilescale.compiler", "DistributedKernel"),
-    "resolve_execution_backend": ("tilescale.backend", "resolve_execution_backend"),
-    "resolve_backend": ("tilescale.backend", "resolve_backend"),
-    "BackendSpec": ("tilescale.backend", "BackendSpec"),
-    "find_nvshmem": ("tilescale.discovery", "find_nvshmem"),
+    "resolve_execution_backend": ("tilescale.compilation.backend", "resolve_execution_backend"),
+    "resolve_backend": ("tilescale.compilation.backend", "resolve_backend"),
+    "BackendSpec": ("tilescale.compilation.backend", "BackendSpec"),
+    "find_nvshmem": ("tilescale.compilation.discovery", "find_nvshmem"),
     # runtime
     "init_distributed": ("tilescale.runtime", "init_distributed"),
     "finalize": ("tilescale.runtime", "finalize"),
@@ -43,7 +46,7 @@ _LAZY = {
 }
 _SUBMODULES = ("language", "symm", "ops", "env", "errors", "discovery", "backend", "build_modes", "runtime", "analysis",
                "codegen", "toolchain", "testing", "diagnostics", "plan", "distributed", "profiler", "compat", "batch",
-               "logs")
+               "logs", "compilation", "pytorch")
 
 
 def barrier(stream=None) -> None:
@@ -51,7 +54,7 @@ def barrier(stream=None) -> None:
     from .env import settings
     from .runtime import current, is_initialized
 
-    if settings.compile_only and not is_initialized():   # nothing ran (tilescale/compile_only.py)
+    if settings.compile_only and not is_initialized():   # nothing ran (tilescale/compilation/compile_only.py)
         return
     current().barrier(stream)
 

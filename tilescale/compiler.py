@@ -24,14 +24,14 @@ import logging
 from dataclasses import dataclass
 
 from . import build_modes, compat
-from .analysis import param_names, symmetric_params
-from .arch import check_target_arch, code_runs_on, default_target, device_arch, target_codes
-from .barrier_kernel import barrier_module
-from .build_only import BuildResult, build, lower_source
-from .distributed_kernel import DistributedKernel
+from .compilation.analysis import param_names, symmetric_params
+from .compilation.arch import check_target_arch, code_runs_on, default_target, device_arch, target_codes
+from .compilation.build_only import BuildResult, build, lower_source
+from .compilation.kernel_build import compile_kernel, func_name, key_flags
 from .env import settings
 from .errors import ArchMismatchError, BackendError, LanguageError
-from .kernel_build import compile_kernel, func_name, key_flags
+from .runtime.barrier_kernel import barrier_module
+from .runtime.distributed_kernel import DistributedKernel
 
 __all__ = ["jit", "compile", "build", "lower_source", "barrier_jit", "TileScaleJITImpl", "DistributedKernel",
            "BuildResult", "WORLD_SIZE_PARAMS", "default_target", "target_codes", "code_runs_on", "device_arch",
@@ -48,8 +48,8 @@ def compile(func=None, out_idx=None, execution_backend=None, target=None, target
     """``tilelang.compile`` with tilescale's backend resolution (same positional signature)."""
     if not isinstance(func, compat.prim_func_class()):
         raise TypeError(f"func: got {type(func).__name__}, expected a tilelang PrimFunc")
-    if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compile_only.py)
-        from .compile_only import BuiltKernel
+    if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compilation/compile_only.py)
+        from .compilation.compile_only import BuiltKernel
 
         return BuiltKernel(func, build(func, target, pass_configs, compile_flags, build_mode=build_mode,
                                        wait_timeout_s=wait_timeout_s), out_idx)
@@ -120,8 +120,8 @@ class TileScaleJITImpl(compat.jit_impl_base()):
     def compile_tir(self, pf, args=(), kwargs=None):
         """Compile an already elaborated PrimFunc of this function (elaborate in one thread, compile in
         many: see tilescale.batch); remembered for ``fn(*args, **kwargs)`` when `args` / `kwargs` are given."""
-        if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compile_only.py)
-            from .compile_only import BuiltKernel
+        if settings.compile_only:   # built, not loaded: a script's compile-only run (compilation/compile_only.py)
+            from .compilation.compile_only import BuiltKernel
 
             return BuiltKernel(pf, self.build_tir(pf), self.out_idx, name=getattr(self.func, "__name__", None))
         k = compile(pf, out_idx=self.out_idx, execution_backend=self.execution_backend, target=self.target,
@@ -146,7 +146,7 @@ class TileScaleJITImpl(compat.jit_impl_base()):
         """tilelang's par_compile, as one batch of tilescale.batch (threads up to TILESCALE_BUILD_JOBS, one
         progress line on rank 0): the kernel of each config (a dict of keyword arguments or a tuple of positional
         ones), None for a failed one when `ignore_error`."""
-        from . import batch
+        from .compilation import batch
 
         configs = list(configs)
         jobs = [(self, (), c) if isinstance(c, dict) else (self, tuple(c)) for c in configs]
@@ -214,7 +214,7 @@ _BARRIER_JIT = None
 
 
 def barrier_jit():
-    """The barrier module (tilescale/barrier_kernel.py) as a ``@tilescale.jit`` function of the world size:
+    """The barrier module (tilescale/runtime/barrier_kernel.py) as a ``@tilescale.jit`` function of the world size:
     what prebuild compiles ahead (the runtime builds the same PrimFunc itself, at its first barrier)."""
     global _BARRIER_JIT
     if _BARRIER_JIT is None:

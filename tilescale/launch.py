@@ -159,7 +159,7 @@ def _compile_only(plan: Plan, job: Job) -> int:
     tmp = job.temp_dir("tilescale-compile.")
     env = {"TMPDIR": tmp, "TILESCALE_COMPILE_ONLY": "1", "WORLD_SIZE": str(plan.gpus * plan.nnodes),
            "LOCAL_WORLD_SIZE": str(plan.gpus)}
-    rc = job.run([plan.python, "-m", "tilescale.compile_only", *plan.program], env)
+    rc = job.run([plan.python, "-m", "tilescale.compilation.compile_only", *plan.program], env)
     if rc != 0:
         say(f"compiling failed (exit {rc})", err=True)
         return rc

@@ -2,7 +2,7 @@
 
 In the shared-GPU mode NVSHMEM creates an inter-process CUDA event on every rank and never destroys it; the
 driver backs it with ``/dev/shm/cuda.shm.<n>.<pid in hex>.<n>`` (80 KiB, mode 0600), which outlives the
-process (RESULTS.md run 12: one per rank of every job). Removing the name is safe once NVSHMEM has started
+process (one per rank of every job). Removing the name is safe once NVSHMEM has started
 everywhere: the peers opened the event at start, and an open mapping outlives its name.
 
 * each rank removes its own files after NVSHMEM's shutdown (``tilescale.finalize()``, shared-GPU mode);

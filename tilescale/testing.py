@@ -42,7 +42,7 @@ def example_main(run: Callable, build: Callable[[int], None]) -> None:
         if isinstance(e, SystemExit) and e.code in (None, 0):
             tilescale.finalize()
         else:  # this rank may fail alone: a collective teardown would wait for the others forever
-            from .diagnostics import failing
+            from .runtime.diagnostics import failing
 
             failing.set()                    # report this rank's own error before any watchdog stops it
             tilescale.runtime.abandon(e)     # and tell the other ranks

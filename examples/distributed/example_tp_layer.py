@@ -12,7 +12,7 @@ by rows; LayerNorm weight replicated)::
       = x + reduce_scatter(gelu(all_gather(layer_norm(x)) @ W1_r) @ W2_r)
 
 ``tilescale.ops.torch_ops.ag_gemm`` / ``gemm_rs`` are ``torch.ops.tilescale.*`` operators: the backward
-runs GEMM+RS for dx and AG+GEMM for the gradient of the row-parallel input (tilescale/ops/torch_ops.py).
+runs GEMM+RS for dx and AG+GEMM for the gradient of the row-parallel input (tilescale/pytorch/torch_ops.py).
 The default rows per rank (200) are not a multiple of 128: the fused ops pad them (the tail).
 
 Every rank checks, in bf16, against the same block computed in fp32 on one rank with plain torch (weights

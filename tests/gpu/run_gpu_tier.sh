@@ -11,7 +11,7 @@
 #   SOAK_RANKS ranks, default 4, sharing GPUs when there are fewer; SOAK_OPS=a,b a subset, to split it over
 #   several commands: on one shared GPU a call takes ~7 ms, so 10,000 calls of every op take ~10 minutes;
 #   with TILESCALE_MPS=1 in the environment launch.sh runs the ranks under MPS: all of it in one
-#   command on one H100, RESULTS.md run 12)
+#   command on one H100)
 # (PYTEST_K=expr narrows the tests.) With fewer GPUs than ranks the multi-rank tests run with ranks sharing
 # GPUs (TILESCALE_RANKS_PER_GPU; gloo / recomputed references instead of NCCL): correctness only.
 # The parts of `tests` run side by side (PARALLEL=0: one after the other), each bounded by PART_TIMEOUT

@@ -1,4 +1,4 @@
-// ts_runtime.cu: the host side of tilescale's NVSHMEM runtime, loaded by tilescale/runtime.py through
+// ts_runtime.cu: the host side of tilescale's NVSHMEM runtime, loaded by tilescale/runtime/__init__.py through
 // ctypes. Host-only (no kernels, no libnvshmem_device): built once per NVSHMEM install by nvcc into
 // tilescale's cache directory. Every function returns a status instead of exiting the process.
 #include <cuda.h>

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from .. import discovery
+from ..compilation import discovery
 from ..env import settings
 
 

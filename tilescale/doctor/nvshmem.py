@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..build_modes import INLINED, RDC
-from ..discovery import PIP_HINT
+from ..compilation.discovery import PIP_HINT
 from ..env import settings
 from . import probes
 from .check import Check, check, fail, ok, one_line, warn

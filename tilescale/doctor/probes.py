@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..nvshmem_host import host_library_version
+from ..compilation.nvshmem_host import host_library_version
 
 __all__ = ["visible_devices", "can_access_peer", "interfaces", "match_interfaces", "has_address", "resolves",
            "driver_version", "try_write", "own_cache_dir", "host_library_version", "nvshmem_wheels"]

@@ -1,7 +1,7 @@
 """Checks of what building and loading kernels needs: writable caches, nvcc, tilelang, the CUDA driver."""
 from __future__ import annotations
 
-from .. import toolchain
+from ..compilation import toolchain
 from ..env import settings
 from ..version import TORCH_BELOW, TORCH_LOWEST, TORCH_REQUIREMENT
 from . import probes
@@ -19,7 +19,7 @@ TILELANG_PIN = "0.1.15"
        fix="`export TILESCALE_CACHE_DIR=<a directory of yours>` and/or `export TILELANG_CACHE_DIR=<a directory of "
            "yours>` (e.g. under `~/.cache`).")
 def check_cache_dirs(ctx: Context) -> Check:
-    from ..cache_files import UnsafeCacheDirError, private_dir, tilelang_cache_dir
+    from ..compilation.cache_files import UnsafeCacheDirError, private_dir, tilelang_cache_dir
 
     try:
         roots = [("TILESCALE_CACHE_DIR", settings.cache_dir)]

@@ -23,10 +23,10 @@ A collective's module also registers it (:mod:`.registry`), which is all that ti
 tilescale.distributed, the prebuild and the collectives benchmark need to know of it.
 
 The same as torch operators (``torch.ops.tilescale.*``: ``torch.compile(fullgraph=True)`` traces them,
-the fused ones are differentiable): :mod:`tilescale.ops.torch_ops` (registered when it is first imported,
+the fused ones are differentiable): :mod:`tilescale.pytorch.torch_ops` (registered when it is first imported,
 or at the first use of ``tilescale.ops.torch_ops``); on them, drop-ins for PyTorch's async-TP ops,
 ``tilescale.ops.fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` (``torch.ops.symm_mem``'s
-arguments and results: :mod:`tilescale.ops.async_tp`).
+arguments and results: :mod:`tilescale.pytorch.async_tp`).
 
 Importing ``tilescale.ops`` is light; the op modules are imported at the first use of a name.
 """
@@ -51,7 +51,7 @@ def __getattr__(name: str):
     it registers torch.ops.tilescale.* and imports torch._dynamo, which `import tilescale.ops` alone does
     not need."""
     if name in _LAZY:
-        mod = importlib.import_module(".torch_ops" if name == "torch_ops" else ".async_tp", __name__)
+        mod = importlib.import_module("tilescale.pytorch." + ("torch_ops" if name == "torch_ops" else "async_tp"))
         return mod if name == "torch_ops" else getattr(mod, name)
     if name in _MODULES:
         return importlib.import_module(f"{__name__}.{name}")

@@ -284,8 +284,8 @@ class AGGemm(Op):
                  profile: bool | None = None, fused: bool | None = None):
         import torch
 
-        from .. import symm, topology
         from ..env import settings
+        from ..runtime import symm, topology
         from . import fused_paths
         from .gemm import current_gpu
 

@@ -73,7 +73,7 @@ from tilelang import tvm
 import tilescale
 import tilescale.language as T
 
-from .. import topology
+from ..runtime import topology
 from . import checks, op_cache, registry
 from .base import DoubleBuffered
 from .vectors import COUNTER, PASS_CONFIGS, SIGNAL

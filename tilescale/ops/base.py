@@ -75,7 +75,7 @@ class Op:
         """A symmetric tensor of this op (collective; zero-filled with `zero`), freed by :meth:`close`. When
         it cannot be allocated (e.g. the heap is exhausted: on every rank alike), the op's buffers allocated
         so far are freed before the error propagates."""
-        from .. import symm
+        from ..runtime import symm
 
         try:
             t = (symm.zeros if zero else symm.empty)(shape, dtype=dtype)
@@ -99,7 +99,7 @@ class Op:
         """Compile this op's kernels (``(fn, args)`` or ``(fn, args, kwargs)``) side by side, as one batch with one
         progress line on rank 0 (tilescale.batch), before :meth:`build` takes them one by one from memory. A kernel
         that fails here is compiled again by build(), which raises its error as it does."""
-        from ..batch import compile_all
+        from ..compilation.batch import compile_all
 
         try:
             compile_all(jobs, label=f"{self.NAME} kernels")
@@ -132,7 +132,7 @@ class Op:
 
     def close(self) -> None:
         """Free this op's symmetric buffers (collective)."""
-        from .. import symm
+        from ..runtime import symm
 
         while self._buffers:
             symm.free(self._buffers.pop(0))

@@ -122,7 +122,7 @@ def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c
 # 0 .. split-2 of a tile add their fp32 partial sums to a workspace and count them; its last slice waits for the
 # count, adds the partial sums to its own in slice order (the same bits every call) and stores the tile.
 SPLIT_COST = 0.08     # a slice's time beyond its share of K, in tile times (its prologue, epilogue and fix-up)
-SPLIT_PENALTY = 0.025  # a split grid's time beyond the plain grid's, all tiles alike (run 24: 1-D grid, 1-3%)
+SPLIT_PENALTY = 0.025  # a split grid's time beyond the plain grid's, all tiles alike (a 1-D grid: 1-3%)
 SPLIT_MIN_GAIN = 0.02  # split only when the model says the kernel gets at least this much faster
 SPLIT_MAX = 8
 
@@ -150,7 +150,7 @@ def split_plan(tiles: int, sms: int, k_tiles: int, *, min_gain: float = SPLIT_MI
     SMs. The model, in tile times: the plain grid takes ceil(tiles / sms) waves; a split one
     ``(full waves + ceil(tail x split / sms) x (1 / split + SPLIT_COST)) x (1 + SPLIT_PENALTY)``; the best split
     (2 .. SPLIT_MAX, each slice at least 4 K tiles) is taken when it saves at least `min_gain` of the plain
-    grid's time (run 24, 1 x H100: 8192x2752x4096 in 128x256 tiles, 44 tail tiles in 3 slices, 0.92 -> 0.96 of
+    grid's time (1 x H100: 8192x2752x4096 in 128x256 tiles, 44 tail tiles in 3 slices, 0.92 -> 0.96 of
     cuBLAS; tails of 76 tiles in 3 or 20 in 6, which the model refuses, gained -2% to +1%)."""
     if min(tiles, sms, k_tiles) < 1:
         raise ValueError(f"split_plan: tiles={tiles}, sms={sms}, k_tiles={k_tiles}: expected positive ints")
@@ -186,7 +186,7 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
 def even_panel(rows: int, swizzle: int) -> int:
     """The largest panel height <= `swizzle` that divides `rows` rows of tiles into equal panels (0: 0), for
     :func:`tile_order` over few rows: 16 rows in panels of 10 and 6 ran GEMM+RS's persistent kernel at half speed,
-    in panels of 8 at full (RESULTS.md run 28, J6)."""
+    in panels of 8 at full."""
     return max(p for p in range(1, swizzle + 1) if rows % p == 0) if swizzle > 0 else 0
 
 

@@ -21,7 +21,7 @@ fused times assume it hidden under the GEMM (AG+GEMM: tiles of own rows first, t
 land; GEMM+RS: row blocks sent as they are computed). The GEMM is cuBLAS on the gathered rows (or on the
 whole product, which is also staged in memory: M x N elements more).
 """
-from .. import topology
+from ..runtime import topology
 from . import allgather_hierarchical, checks, reduce_scatter_hierarchical
 
 __all__ = ["ag_gemm_multinode", "gemm_rs_multinode"]

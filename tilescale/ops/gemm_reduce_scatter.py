@@ -18,8 +18,8 @@ kernel runs, and at world size 1 the call is this GEMM alone (a plain grid). The
 per SM runs tiles b, b + SMs, ... of the step-by-step order (all of step 1's tiles, then step 2's, ...;
 rasterized in equal panels within a step), and its warps have roles, so that nothing but the GEMM waits on the
 multiplying warps (the sums' waits, loads, pushes and counts cost a tile of the GEMM 13-20% when its own warps
-made them: RESULTS.md run 29). The sums go out by three warps' plain stores: one bulk store of the tile
-cost the GEMM 4-6% more (RESULTS.md run 30; why was not measured apart).
+made them). The sums go out by three warps' plain stores (``T.store_tile``: why not one bulk store, in its
+docstring).
 ``R`` holds a tile per row block (rows padded against bank conflicts, so that a sum moves in one copy each
 way) and is double-buffered by the call number e = 1, 2, ... (counted on the
 device, ``T.call_number``: a call captured in a CUDA graph sees a new e on every replay): tile i of slot
@@ -241,7 +241,7 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                                 T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
                                                                              bx * block_n:(bx + 1) * block_n],
                                               wait="written")
-                        else:                             # plain stores: a bulk one cost the GEMM 4-6% (run 30)
+                        else:                             # plain stores (T.store_tile: why, there)
                             w_out = (d - 1) * tiles + tile
                             T.store_tile(Rs, tile_of(out(R, Rp), e[0], w_out), threads=(32, 96))
                             if tx < 64:
@@ -346,7 +346,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     push kernel's blocks)."""
     push = (path or default_path(world_size, K_local)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
-    # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape: RESULTS.md run 21)
+    # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape)
     cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
     gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
@@ -372,7 +372,7 @@ class GemmRS(Op):
                  config: GemmConfig | None = None, path: str | None = None):
         import torch
 
-        from .. import symm
+        from ..runtime import symm
 
         with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config,
                             path=path) as agreed:

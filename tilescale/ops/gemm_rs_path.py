@@ -24,7 +24,8 @@ def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 
     (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, ranks that
     share a GPU do not share it through MPS, and the push kernel takes `K_local` (:func:`push_takes`; None: any);
     else "pull". The same on every rank of a job."""
-    from .. import runtime, topology
+    from .. import runtime
+    from ..runtime import topology
 
     rt = runtime.current() if runtime.is_initialized() else None
     local = rt.info.local_world_size if rt is not None else None

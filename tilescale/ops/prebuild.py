@@ -9,7 +9,7 @@ import time
 
 def unique(jobs) -> list:
     """`jobs` without repeats of the same (jit function, args), in order."""
-    from ..batch import unique as _unique
+    from ..compilation.batch import unique as _unique
 
     return _unique(jobs)
 
@@ -52,7 +52,7 @@ def compile_all(jobs, workers: int | None = None, verbose: bool = True) -> float
     """Compile (and load) every job side by side (tilescale.batch: TILESCALE_BUILD_JOBS threads, one progress
     line on rank 0 while kernels are really built, nothing when every one came from the caches); returns the
     seconds it took. `verbose`: the progress line (rank 0)."""
-    from ..batch import compile_all as _compile_all
+    from ..compilation.batch import compile_all as _compile_all
 
     t0 = time.time()
     _compile_all(unique(jobs), workers=workers, progress=None if verbose else False)

@@ -49,7 +49,7 @@ plan algorithm declines (:class:`~tilescale.ops.registry.PlanUnsupportedError`).
 import tilescale
 import tilescale.language as T
 
-from .. import topology
+from ..runtime import topology
 from . import checks, op_cache, registry, vectors
 from .allgather_hierarchical import several_nodes
 from .base import Op

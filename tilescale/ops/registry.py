@@ -8,8 +8,7 @@ An op module declares its entry, and that is all it takes (no other file changes
         algos={"one_shot": Algorithm(plan_one_shot, ((0, ONE_SHOT_MAX_BYTES),)), ...},
         kernels=kernels, serve=serve, bench=bench)
 
-:func:`collectives` imports every module of this package once (``torch_ops`` aside: it registers torch
-operators on first use), so an entry is known as soon as anything asks.
+:func:`collectives` imports every module of this package once, so an entry is known as soon as anything asks.
 
 Message sizes are those of :class:`tilescale.plan.Request` (``msg_bytes``, which each entry's `serve`
 computes): nccl-tests' "size", bytes per rank of the tensor for allreduce and broadcast, of the whole
@@ -25,7 +24,6 @@ from typing import Any
 from ..errors import TileScaleError
 
 MAX_MSG_SIZE = (1 << 63) - 1   # "no upper bound"
-_NOT_SCANNED = ("torch_ops", "async_tp")  # imported on first use (torch_ops registers torch.ops.tilescale.*)
 NODES = ("one", "any", "several")   # Algorithm.nodes
 
 
@@ -144,11 +142,10 @@ def collective(name: str, *, torch_name: str, algos: Mapping[str, Algorithm], te
 
 
 def modules() -> list:
-    """Every module of tilescale.ops (imported once, in name order), ``torch_ops`` aside."""
+    """Every module of tilescale.ops (imported once, in name order)."""
     global _scanned
     pkg = __name__.rpartition(".")[0]
-    mods = [importlib.import_module(f"{pkg}.{m.name}") for m in pkgutil.iter_modules([str(Path(__file__).parent)])
-            if m.name not in _NOT_SCANNED]
+    mods = [importlib.import_module(f"{pkg}.{m.name}") for m in pkgutil.iter_modules([str(Path(__file__).parent)])]
     _scanned = True
     return mods
 

@@ -67,7 +67,7 @@ def why_invalid(path: Path, expected: dict) -> str | None:
 def store(record: dict, *, rebuild: bool = False) -> Path:
     """Make the plan file of `record` valid; returns its path. Rewrites it when `rebuild` is set or the
     file on disk is missing, corrupt or different (cache_files.write_once: lock, temporary file, rename)."""
-    from ..cache_files import write_once
+    from ..compilation.cache_files import write_once
 
     path = path_for(record["collective"], record["id"])
     if not rebuild and why_invalid(path, record) is None:

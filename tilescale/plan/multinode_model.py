@@ -259,17 +259,18 @@ def crossovers(p: Params = P0) -> list[str]:
     return out
 
 
-# Measured on 2 x H200 (benchmarks/RESULTS.md, runs 5 and 7): what the model says for the same calls.
+# Measured on 2 x H200 (bench_allgather.py, bench_fused.py, profile_ag_gemm.py; 2026-11-22): what the model
+# says for the same calls.
 CALIBRATION = (
-    ("AllGather, 1 MiB from each rank (run 7, no handshake)", 8.9e-6,
+    ("AllGather, 1 MiB from each rank (no handshake)", 8.9e-6,
      lambda p: collective_time("ag", FLAT_DIRECT, 1, MIB, p)),
-    ("AllGather, 32 MiB from each rank (run 5)", 104e-6,
+    ("AllGather, 32 MiB from each rank", 104e-6,
      lambda p: collective_time("ag", FLAT_DIRECT, 1, 32 * MIB, p)),
-    ("AllGather, 256 MiB from each rank (run 5)", 772e-6,
+    ("AllGather, 256 MiB from each rank", 772e-6,
      lambda p: collective_time("ag", FLAT_DIRECT, 1, 256 * MIB, p)),
-    ("AG+GEMM 8192x8192x2048 (run 7, whole op)", 430e-6,
+    ("AG+GEMM 8192x8192x2048 (whole op)", 430e-6,
      lambda p: fused("ag_gemm", FLAT_DIRECT, (8192, 8192, 2048), 1, p).time),
-    ("GEMM+RS 8192x8192x8192, K/2 per rank (run 5)", 1076e-6,
+    ("GEMM+RS 8192x8192x8192, K/2 per rank", 1076e-6,
      lambda p: fused("gemm_rs", FLAT_DIRECT, (8192, 4096, 8192), 1, p).time),
 )
 

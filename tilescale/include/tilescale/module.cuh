@@ -76,8 +76,8 @@ static __device__ WaitDiag* g_wait_diag = nullptr;
 // The module's first wait to give up, in device memory (wait_timed_out): 0, then 1 while its thread writes the
 // record, then 2 once it is written. Every other thread that gives up waits on this word, not on the record in
 // host memory: when tens of thousands of threads gave up at once (a GEMM grid whose tiles all waited) and polled the
-// record over PCIe, the kernel stopped with no record (run 24; most likely the writer was held past the others'
-// bound); with this gate the same failure left its record (run 25).
+// record over PCIe, the kernel stopped with no record (most likely the writer was held past the others' bound);
+// with this gate the same failure leaves its record.
 static __device__ unsigned int g_wait_gate = 0;
 // The runtime's barrier words (symmetric, n_pes + 1 of them, zero at start): word p holds the last barrier
 // epoch PE p announced to this PE; word n_pes counts this PE's barriers (see tilescale::barrier_all).

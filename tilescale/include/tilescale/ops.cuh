@@ -1,6 +1,6 @@
 // tilescale/ops.cuh: the device functions behind tilescale.language's distributed ops.
 //
-// Every function here is reached from one op in tilescale/language/distributed.py; the Python side
+// Every function here is reached from one op in tilescale/language/ (distributed.py, tiles.py); the Python side
 // validates arguments and documents the semantics, this side implements them. Operand order: what is read
 // first, then the destination (as T.copy(src, dst): a store takes its value, then its address), then modifiers;
 // peers are NVSHMEM PE numbers.
@@ -701,8 +701,8 @@ __device__ __forceinline__ void store_rows_async(const void* src, void* dst, int
 // one calling) copy `rows` rows of `row_bytes` from shared `src` (rows `src_ld` bytes apart) into global `dst` (rows
 // `dst_ld` apart; local or a peer's through its mapping) by plain 16-byte stores, then meet at named barrier
 // kStoreTileBarrier: afterwards `src` may be written again and any of them may count the stores (T.release_stores:
-// its release is cumulative over the group's stores, ordered before it by the barrier). No bulk copy: in GEMM+RS's
-// push kernel one bulk store of the tile cost its GEMM 4-6% more than these stores (RESULTS.md run 30).
+// its release is cumulative over the group's stores, ordered before it by the barrier). No bulk copy: why, in
+// T.store_tile's docstring (tilescale/language/tiles.py).
 constexpr int kStoreTileBarrier = 15;   // the last named barrier: tilelang numbers its own from 3 up
 __device__ __forceinline__ void store_tile(const void* src, void* dst, int rows, int row_bytes, int src_ld,
                                            long dst_ld, int first, int count) {

@@ -5,7 +5,7 @@
 // ops are built by tilelang without tilescale's headers, so the language op also pastes this file
 // into the generated source (T.import_source); in distributed kernels tilescale.cuh includes it
 // first and the guard drops the pasted copy. The function names do not start with "tilescale::",
-// so a kernel that only takes timestamps is not classified as distributed (tilescale/analysis.py).
+// so a kernel that only takes timestamps is not classified as distributed (tilescale/compilation/analysis.py).
 #ifndef TILESCALE_PROFILE_CUH_
 #define TILESCALE_PROFILE_CUH_
 

@@ -1,8 +1,0 @@
-# run J6 (session 33): the persistent push kernel with swizzles 10, 8, 16, 0 (128x256) and 8 (256x128)
-source .device/prelude.sh
-export TILESCALE_WAIT_TIMEOUT_S=30 NVSHMEM_SYMMETRIC_SIZE=1G
-D=$OUT/j6; mkdir -p $D
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
-GPUS=1 timeout 420 bash launch.sh benchmarks/bench_gemm_configs.py --push --json $D/push.json > $D/push.log 2>&1; echo "push rc=$? at ${SECONDS}s"
-grep -a -E "^\| [248] |Error|error|prebuild" $D/push.log | head -20
-echo "shm: $(ls /dev/shm | grep -c cuda.shm); procs: $(pgrep -fc torch.distributed.run)"
