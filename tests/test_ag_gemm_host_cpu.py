@@ -343,8 +343,8 @@ def test_pulls_start_with_the_call(fake_cuda, W, rank, near, contiguous):
 def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, near, gpu):
     """A peer on this rank's GPU (ranks sharing one) is pulled by copy kernels: the main stream waits for its copy
     stream's last operation (the join event recorded after its ``freed`` signal) before the second GEMM, whose
-    waiting tiles would otherwise hold the SMs those copies need (run 24). Peers on other GPUs are not waited for
-    there. The fast path issues the same as the steps."""
+    waiting tiles would otherwise hold the SMs those copies need (they did: the op hung). Peers on other GPUs are
+    not waited for there. The fast path issues the same as the steps."""
     log = fake_cuda
     op = _ag_gemm(log, W, rank, near, gpu=gpu)
     a, b, c = _args(op)
