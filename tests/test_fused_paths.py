@@ -84,3 +84,11 @@ def test_the_unfused_call_is_nccl_then_matmul(monkeypatch):
     assert op.gathered() is op._full and torch.equal(op._full, torch.cat(shards))
     op._call_unfused(shards[1].t().contiguous().t(), b, None)     # a non-contiguous shard: gathered contiguous
     assert calls[-1].is_contiguous()
+
+
+@pytest.mark.parametrize("M,N,K", [(4096.0, 2048, 8192), ("512", 2048, 8192), (0, 2048, 8192), (512, -1, 8192),
+                                   (True, 2048, 8192)])
+def test_sizes_the_op_will_refuse_run_fused_without_an_error(M, N, K):
+    """The path is decided before the op checks its arguments (so that ranks agree on it): a bad size gets no
+    error here (the op's checks name it) and no table row."""
+    assert fused_paths.lookup("ag_gemm", M, N, K, 4, "GPU X", TABLE) == "fused"

@@ -291,7 +291,10 @@ class AGGemm(Op):
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile,
                             fused=fused) as agreed:
-            if fused is not None and not isinstance(fused, bool):
+            if fused is None:   # the table's path, decided before any check can fail on this rank alone, so that
+                # a rank with a bad argument and one without still agree on it (only the bad argument is named)
+                agreed["fused"] = fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
+            if not isinstance(fused, bool):
                 checks.fail("AGGemm", "fused", checks.describe(fused), "a bool (or None: the committed table, "
                             "tilescale/ops/fused_paths.json)", type_error=True)
             profile = settings.profile_device if profile is None else profile
@@ -302,9 +305,7 @@ class AGGemm(Op):
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
             kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, 0)   # its errors: agreed
-            if fused is None:   # agreed too: every rank takes the same path
-                fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
-            agreed["fused"] = self.fused = fused
+            self.fused = fused
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // self.world_size
         if not self.fused:    # NCCL then cuBLAS (tilescale/ops/fused_paths.py): no kernel, no symmetric buffer
@@ -388,7 +389,7 @@ class AGGemm(Op):
 
     def _plan_push(self) -> None:
         """The push protocol's programs (module docstring, "Push"): ``_first`` (the call's start, then steps 2-3 on
-        the copy stream; the source of each copy, op ``_push_ops[i]``, set per call to the call's rows) and
+        the copy stream; the source of each copy, ``_push_at[i]``, set per call to the call's rows) and
         ``_post`` (step 6)."""
         W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
         step_bytes = rows // chunks * self.K * self.a_full.element_size()
@@ -396,7 +397,7 @@ class AGGemm(Op):
         first = so.Program([s.cuda_stream for s in self.streams])
         first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
         first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
-        self._push_ops = []       # (op index, byte offset in the call's rows)
+        pushes = []               # (op index, byte offset in the call's rows)
         for j in range(1, W):                                                                # 2, 3
             dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
             first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1, label=_label("freed", dst))
@@ -404,7 +405,7 @@ class AGGemm(Op):
             at = self._peers[dst].data_ptr() + r * rows * row_bytes
             for ch in range(chunks):
                 i = first.add(so.COPY, at + ch * step_bytes, 0, step_bytes, stream=1)
-                self._push_ops.append((i, ch * step_bytes))
+                pushes.append((i, ch * step_bytes))
                 first.add(so.WRITE, self._arrived_on[dst] + 8 * ch, 1, stream=1)
         first.add(so.EVENT_RECORD, self._joins[0].cuda_event, stream=1)
         post = so.Program([s.cuda_stream for s in self.streams])
@@ -414,7 +415,7 @@ class AGGemm(Op):
             if q != r:
                 post.add(so.WRITE, self._flag_at["freed"][q], 1)
         self._first, self._post = first.seal(), post.seal()
-        self._push_at = [first.array[i] for i, _ in self._push_ops]
+        self._push_at = [(first.array[i], off) for i, off in pushes]   # views into the program, set per call
 
     def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
               pulled: list, arrived: int, arrived_bytes: int) -> None:
@@ -611,15 +612,22 @@ class AGGemm(Op):
         dist.all_gather_into_tensor(self._full, a_local.contiguous())
         return torch.matmul(self._full, b, out=out)
 
+    def _push_source(self, a_local):
+        """The rows a push call sends and its first GEMM reads: `a_local` itself when the copy engines and TMA can
+        read it (contiguous, 16-byte aligned; gathered() copies it into my rows of A_full later), else my rows of
+        A_full, filled from it by torch on the main stream first."""
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
+            self._last_a, self._slot_stale = a_local, True
+            return a_local
+        self._slot.copy_(a_local)
+        self._last_a, self._slot_stale = None, False
+        return self._slot
+
     def _call_push(self, fn, a_local, b, out, m):
         """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
-            a, self._last_a, self._slot_stale = a_local, a_local, True
-        else:     # copied into my rows of A_full on the main stream first (torch), pushed from there
-            self._slot.copy_(a_local)
-            a, self._last_a, self._slot_stale = self._slot, None, False
+        a = self._push_source(a_local)
         base = a.data_ptr()
-        for op, (_, off) in zip(self._push_at, self._push_ops, strict=True):
+        for op, off in self._push_at:
             op.b = base + off
         self._first.run(fn, m, "AGGemm")                                                       # 1-3
         self._gemm_own(a, b, out, m)                                                           # 4
@@ -732,11 +740,7 @@ class AGGemm(Op):
         main, s, shim = torch.cuda.current_stream(), self.streams[0], self.rt.shim
         W, r, rows = self.world_size, self.rank, self.rows
         step = rows // self.chunks
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
-            a, self._last_a, self._slot_stale = a_local, a_local, True
-        else:
-            self._slot.copy_(a_local)
-            a, self._last_a, self._slot_stale = self._slot, None, False
+        a = self._push_source(a_local)
         self._start.record(main)                                                            # 1
         s.wait_event(self._start)
         h = s.cuda_stream
