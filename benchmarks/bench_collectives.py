@@ -106,7 +106,7 @@ def run(info, args):
         for name, _, _ in chosen:
             rs = [r for r in rows if r["case"] == name]
             print_table(f"{name} bf16, {W} x {gpu} (time = slowest rank; busbw in GB/s)",
-                        ["bytes/rank", "tilescale us", "NCCL us", "speedup", "tilescale busbw", "NCCL busbw"],
+                        ["message", "tilescale us", "NCCL us", "speedup", "tilescale busbw", "NCCL busbw"],
                         [[fmt_bytes(r["bytes"]), f"{r['tilescale_us']:.1f}", f"{r['nccl_us']:.1f}",
                           f"{r['speedup']:.2f}x", f"{r['tilescale_busbw']:.1f}", f"{r['nccl_busbw']:.1f}"] for r in rs])
             wins = tuning.win_ranges(rs)
