@@ -223,6 +223,29 @@ def _lazy_init():
     assert "REPLACED" in r.stdout, r.stdout + r.stderr
 
 
+def _resolve_process_group():
+    import torch.distributed.distributed_c10d as c10d
+
+    assert callable(c10d._resolve_process_group)   # (it raises for an unknown name: the caller catches that)
+
+
+# torch.ops.symm_mem's schemas, which the async-TP drop-ins (tilescale/pytorch/async_tp.py) take as they are
+SYMM_MEM_SCHEMAS = {
+    "fused_all_gather_matmul": "symm_mem::fused_all_gather_matmul(Tensor A, Tensor[] Bs, int gather_dim, "
+                               "str group_name, *, bool return_A=True) -> (Tensor?, Tensor[])",
+    "fused_matmul_reduce_scatter": "symm_mem::fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, "
+                                   "int scatter_dim, str group_name) -> Tensor",
+}
+
+
+def _symm_mem_ops():
+    import torch
+
+    compat.symm_mem_module()
+    for op, schema in SYMM_MEM_SCHEMAS.items():
+        assert str(getattr(torch.ops.symm_mem, op).default._schema) == schema
+
+
 PROBES = {
     "tilelang.jit.JITImpl": _jit_impl,
     "tilelang.jit.ExecutionBackend": _execution_backends,
@@ -246,6 +269,8 @@ PROBES = {
     "torch._C._cuda_isCurrentStreamCapturing": _torch_private("_cuda_isCurrentStreamCapturing"),
     "torch._C._cuda_getCurrentRawStream": _torch_private("_cuda_getCurrentRawStream"),
     "torch.cuda._lazy_init": _lazy_init,
+    "torch.distributed.distributed_c10d._resolve_process_group": _resolve_process_group,
+    "torch.distributed._symmetric_memory": _symm_mem_ops,
     "tilelang's generated host call(...) (regex)": _host_call_regex,
     "tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store": _storing_warp,
 }

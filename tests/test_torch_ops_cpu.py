@@ -1,13 +1,13 @@
 """torch.ops.tilescale.* (tilescale/pytorch/torch_ops.py) on a machine without a GPU: fake (meta) impls under
-FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP, the autograd formulas
-and the async-TP drop-ins in a simulated world (W threads, one per rank, with collectives over shared
-memory), the padding of ag_gemm / gemm_rs tails, the fallbacks, and the checks of example_tp_layer.py's CUDA
-graph section (its capture replaced by reruns of the step, in the simulated world). The same ops on GPUs
-(opcheck, the layer against torch, the drop-in against torch.ops.symm_mem, the TP step replayed from a CUDA
-graph): examples/distributed/example_tp_layer.py."""
+FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP (and of the async-TP drop-ins), the
+autograd formulas in a simulated world (W threads, one per rank, with collectives over shared memory:
+tests/torch_worlds.py), the padding of ag_gemm / gemm_rs tails, the fallbacks, and the checks of
+example_tp_layer.py's CUDA graph section (its capture replaced by reruns of the step, in the simulated world). The
+async-TP drop-ins themselves: tests/test_async_tp_cpu.py. The same ops on GPUs (opcheck, the layer against
+torch, the drop-in against torch.ops.symm_mem, the TP step replayed from a CUDA graph):
+examples/distributed/example_tp_layer.py."""
 import importlib
 import os
-import threading
 
 import pytest
 
@@ -25,6 +25,7 @@ def _cache_dirs() -> set:
 _EXISTED_BEFORE = _cache_dirs()   # before torch_ops imports torch._dynamo
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch_worlds import MirrorWorld, ThreadWorld, randn  # noqa: E402
 
 from tilescale import runtime  # noqa: E402
 from tilescale.ops import async_tp, checks, torch_ops  # noqa: E402
@@ -47,139 +48,6 @@ def _no_compiler_cache_left():
             pass
 
 
-# ---------------------------------------------------------------------------------- simulated worlds
-class MirrorWorld:
-    """Rank `rank` of `W` ranks that all hold the same tensors (one process, deterministic): what opcheck
-    and torch.compile need. Records which backend calls ran."""
-
-    def __init__(self, W=2, rank=0):
-        self.W, self.r, self.calls = W, rank, []
-
-    def world_size(self):
-        return self.W
-
-    def rank(self):
-        return self.r
-
-    def is_world_group(self, group_name):
-        return group_name in (None, "world")
-
-    def all_gather(self, x):
-        self.calls.append("all_gather")
-        return torch.cat([x] * self.W)
-
-    def reduce_scatter(self, x, W):
-        self.calls.append("reduce_scatter")
-        return (x * W).chunk(W)[self.r].contiguous()
-
-    def all_reduce_(self, x):
-        self.calls.append("all_reduce")
-        x.mul_(self.W)
-
-    def all_to_all_single(self, x, out_splits, in_splits):
-        self.calls.append("all_to_all")
-        part = x.chunk(self.W)[self.r] if not in_splits else x.split(in_splits)[self.r]
-        return torch.cat([part] * self.W)
-
-    def broadcast_(self, x, src):
-        self.calls.append("broadcast")
-
-    def ag_gemm(self, a, b, return_gathered):
-        self.calls.append("ag_gemm")
-        assert b.is_contiguous()
-        a_full = torch.cat([a] * self.W)
-        return a_full @ b, (a_full if return_gathered else None)
-
-    def gemm_rs(self, x, w):
-        self.calls.append("gemm_rs")
-        assert x.is_contiguous() and w.is_contiguous()
-        return ((x @ w) * self.W).chunk(self.W)[self.r].contiguous()
-
-
-class ThreadWorld:
-    """W ranks as W threads of this process; collectives meet in shared slots behind a barrier. Each
-    thread's rank: ``world.local.rank``."""
-
-    def __init__(self, W):
-        self.W = W
-        self.local = threading.local()
-        self.slots = [None] * W
-        self.barrier = threading.Barrier(W, timeout=60)
-        self.calls = []
-
-    def world_size(self):
-        return self.W
-
-    def rank(self):
-        return self.local.rank
-
-    def is_world_group(self, group_name):
-        return group_name in (None, "world")
-
-    def _exchange(self, obj):
-        self.slots[self.local.rank] = obj
-        self.barrier.wait()
-        every = list(self.slots)
-        self.barrier.wait()
-        return every
-
-    def _log(self, what):
-        if self.local.rank == 0:
-            self.calls.append(what)
-
-    def all_gather(self, x):
-        self._log("all_gather")
-        return torch.cat(self._exchange(x))
-
-    def reduce_scatter(self, x, W):
-        self._log("reduce_scatter")
-        return sum(self._exchange(x)).chunk(W)[self.local.rank].contiguous()
-
-    def all_reduce_(self, x):
-        self._log("all_reduce")
-        x.copy_(sum(self._exchange(x.clone())))
-
-    def all_to_all_single(self, x, out_splits, in_splits):
-        self._log("all_to_all")
-        every = self._exchange((x, in_splits))
-        parts = [t.split(s)[self.local.rank] if s else t.chunk(self.W)[self.local.rank] for t, s in every]
-        return torch.cat(parts)
-
-    def broadcast_(self, x, src):
-        self._log("broadcast")
-        x.copy_(self._exchange(x.clone())[src])
-
-    def ag_gemm(self, a, b, return_gathered):
-        self._log("ag_gemm")
-        a_full = torch.cat(self._exchange(a))
-        return a_full @ b, (a_full if return_gathered else None)
-
-    def gemm_rs(self, x, w):
-        self._log("gemm_rs")
-        return sum(self._exchange(x @ w)).chunk(self.W)[self.local.rank].contiguous()
-
-    def run(self, fn):
-        """fn(rank) on every rank (thread); the results by rank; re-raises the first error."""
-        out, errs = [None] * self.W, []
-
-        def body(r):
-            self.local.rank = r
-            try:
-                out[r] = fn(r)
-            except BaseException as e:  # noqa: BLE001
-                errs.append(e)
-                self.barrier.abort()
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.W)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errs:
-            raise errs[0]
-        return out
-
-
 @pytest.fixture
 def world(monkeypatch):
     def use(w):
@@ -189,11 +57,6 @@ def world(monkeypatch):
 
     yield use
     torch._dynamo.reset()
-
-
-def randn(*shape, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
 
 
 # --------------------------------------------------------------------------------------- registration
@@ -404,43 +267,6 @@ def test_ag_gemm_gathered_gradient_through_both_outputs(world):
         torch.testing.assert_close(db, (ref_a.detach().t() @ (2 * ref_a.detach() @ (b * (r + 1)))))
 
 
-@pytest.mark.parametrize("W", [2, 4])
-@pytest.mark.parametrize("gather_dim", [0, 1, -1])
-def test_fused_all_gather_matmul_matches_torch_semantics(world, W, gather_dim):
-    w = world(ThreadWorld(W))
-    shards = [randn(4, 6, 16, seed=r) for r in range(W)]
-    K = 16 * W if gather_dim == -1 else 16
-    Bs = [randn(K, 8, seed=100), randn(K, 4, seed=101)]
-    A_ref = torch.cat(shards, dim=gather_dim)
-
-    def rank(r):
-        return async_tp.fused_all_gather_matmul(shards[r], Bs, gather_dim, "world")
-
-    for A, outs in w.run(rank):
-        torch.testing.assert_close(A, A_ref)
-        for o, B in zip(outs, Bs, strict=False):
-            torch.testing.assert_close(o, A_ref @ B)
-    A, outs = w.run(lambda r: async_tp.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
-                                                                return_A=False))[0]
-    assert A is None and len(outs) == 1
-    torch.testing.assert_close(outs[0], A_ref @ Bs[0])
-
-
-@pytest.mark.parametrize("W", [2, 4])
-@pytest.mark.parametrize("scatter_dim,reduce_op", [(0, "sum"), (1, "avg"), (-1, "sum")])
-def test_fused_matmul_reduce_scatter_matches_torch_semantics(world, W, scatter_dim, reduce_op):
-    w = world(ThreadWorld(W))
-    As = [randn(2 * W, 3 * W, 16, seed=r) for r in range(W)]
-    B = randn(16, 4 * W, seed=100)
-    full = sum(a @ B for a in As)
-    if reduce_op == "avg":
-        full = full / W
-    want = full.chunk(W, dim=scatter_dim)
-    for r, got in enumerate(w.run(lambda r: async_tp.fused_matmul_reduce_scatter(As[r], B, reduce_op, scatter_dim,
-                                                                                   "world"))):
-        torch.testing.assert_close(got, want[r])
-
-
 def test_collectives_in_threads(world):
     W = 4
     w = world(ThreadWorld(W))
@@ -488,33 +314,6 @@ def test_not_fused_runs_collective_then_gemm(world, caplog):
     w.calls.clear()
     torch_ops.ag_gemm(randn(8, 16, seed=1, dtype=torch.bfloat16), randn(256, 16, seed=2, dtype=torch.bfloat16).t())
     assert w.calls == ["ag_gemm"]
-
-
-def test_drop_ins_fall_back_to_torch(world, monkeypatch, caplog):
-    import logging
-
-    world(MirrorWorld(2))
-    seen = []
-
-    class SymmMem:
-        def fused_all_gather_matmul(self, *a, **k):
-            seen.append(("ag", a[3], k))
-            return None, []
-
-        def fused_matmul_reduce_scatter(self, *a):
-            seen.append(("rs", a[2], a[4]))
-            return a[0]
-
-    monkeypatch.setattr(torch.ops, "symm_mem", SymmMem(), raising=False)
-    monkeypatch.setitem(__import__("sys").modules, "torch.distributed._symmetric_memory", object())
-    a, b = randn(4, 8), randn(8, 4)
-    with caplog.at_level(logging.DEBUG, logger="tilescale.ops"):
-        async_tp.fused_all_gather_matmul(a, [b], 0, "tp_subgroup")
-        async_tp.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
-        async_tp.fused_matmul_reduce_scatter(a.double(), b.double(), "sum", 0, "world")
-    assert seen == [("ag", "tp_subgroup", {"return_A": True}), ("rs", "max", "world"), ("rs", "sum", "world")]
-    assert "group 'tp_subgroup' is not the whole world" in caplog.text and "reduce_op 'max'" in caplog.text
-    assert "dtype torch.float64" in caplog.text
 
 
 # --------------------------------------------------------------------------- tails of ag_gemm / gemm_rs

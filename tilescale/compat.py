@@ -52,6 +52,10 @@ UPSTREAM: tuple[Upstream, ...] = (
     Upstream("torch._C._cuda_getCurrentRawStream", "the ops' fast current-stream read (Op.begin: ops/vectors.py "
                                                    "stream_getter, through raw_stream_query)"),
     Upstream("torch.cuda._lazy_init", "compile-only runs: CUDA's initialisation stops the run (compile_only.py)"),
+    Upstream("torch.distributed.distributed_c10d._resolve_process_group",
+             "which ranks a group_name holds (the async-TP drop-ins serve the whole world: pytorch/torch_ops.py)"),
+    Upstream("torch.distributed._symmetric_memory", "registers torch.ops.symm_mem.* (the async-TP drop-ins' "
+                                                    "fallback to torch's ops: pytorch/async_tp.py)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
     Upstream("tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store",
              "GEMM+RS's count of a tile once its store is written (storing_warp)"),
@@ -203,3 +207,17 @@ def replace_torch_cuda_init(fn) -> None:
     import torch.cuda
 
     torch.cuda._lazy_init = fn
+
+
+def resolve_process_group(group_name: str):
+    """The torch.distributed process group named `group_name` (raises for an unknown name)."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._resolve_process_group(group_name)
+
+
+def symm_mem_module():
+    """``torch.distributed._symmetric_memory``, imported: importing it registers ``torch.ops.symm_mem.*``."""
+    import importlib
+
+    return importlib.import_module("torch.distributed._symmetric_memory")

@@ -78,14 +78,17 @@ class TilescaleBackend:
         return runtime.current().info.rank if runtime.is_initialized() else -1
 
     def is_world_group(self, group_name) -> bool:
-        """Whether torch.distributed group `group_name` holds every rank of the runtime, in order."""
+        """Whether torch.distributed group `group_name` holds every rank of the runtime, in order (without the
+        runtime: its NotInitializedError, which says what to call)."""
         import torch.distributed as dist
 
+        from .. import compat
+
+        ranks = list(range(self.world_size()))
         if group_name is None:
             return True
         try:
-            g = dist.distributed_c10d._resolve_process_group(group_name)
-            return dist.get_process_group_ranks(g) == list(range(self.world_size()))
+            return dist.get_process_group_ranks(compat.resolve_process_group(group_name)) == ranks
         except Exception:  # noqa: BLE001  (an unknown name: torch's op says what is wrong)
             return False
 

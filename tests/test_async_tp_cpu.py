@@ -1,0 +1,271 @@
+"""The async-TP drop-ins (tilescale/pytorch/async_tp.py) on a machine without a GPU:
+
+* layouts: the shape, dtype and strides of every result, for every gather_dim / scatter_dim of 3-D and 4-D
+  operands, one and several Bs, with and without A, equal those of torch's own meta kernels of
+  ``torch.ops.symm_mem`` (a fake process group of W ranks gives them the group's size), under FakeTensorMode (what
+  torch.compile traces) and when run in a simulated world (tests/torch_worlds.py);
+* values in a world of W threads against the gather / reduce-scatter of every rank's data; several Bs are one
+  fused call;
+* argument checks (the op, the argument, what was received, what was expected) and the fallbacks to torch's op."""
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch_worlds import MirrorWorld, ThreadWorld, randn  # noqa: E402
+
+from tilescale import compat, runtime  # noqa: E402
+from tilescale.errors import NotInitializedError, OpArgumentError, OpArgumentTypeError  # noqa: E402
+from tilescale.pytorch import async_tp, torch_ops  # noqa: E402
+
+compat.symm_mem_module()            # torch.ops.symm_mem.* registered
+AG, RS = async_tp.AG, async_tp.RS
+
+
+@pytest.fixture
+def world(monkeypatch):
+    def use(w):
+        monkeypatch.setattr(torch_ops, "_BACKEND", w)
+        torch._dynamo.reset()          # world_size() is a constant of compiled code
+        return w
+
+    yield use
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def fake_group():
+    """init(W) -> the name of a torch.distributed world of W ranks in this process, rank 0 of it (torch's fake
+    backend: collectives do nothing): where torch's meta kernels of the symm_mem ops read the group's size."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def init(W):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=W)
+        return dist.group.WORLD.group_name
+
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def layout(t):
+    return None if t is None else (tuple(t.shape), t.stride(), t.dtype)
+
+
+def layouts(result):
+    """The layouts of a fused op's results: (A, [outputs]) or a tensor."""
+    if isinstance(result, torch.Tensor):
+        return layout(result)
+    A, outs = result
+    return layout(A), [layout(o) for o in outs]
+
+
+# --------------------------------------------------------------------------------------------- layouts
+AG_DIMS = [((8, 64, 32), 0), ((8, 64, 32), 1), ((8, 64, 32), 2), ((4, 8, 12, 32), 0), ((4, 8, 12, 32), 1),
+           ((4, 8, 12, 32), 2), ((4, 8, 12, 32), 3)]      # (the gathered A's shape, gather_dim)
+
+
+def ag_inputs(full, gather_dim, W, n_bs, dtype):
+    shape = list(full)
+    shape[gather_dim] //= W
+    return randn(*shape, seed=1, dtype=dtype), [randn(full[-1], 8 * (i + 1), seed=10 + i, dtype=dtype)
+                                                for i in range(n_bs)]
+
+
+def assert_torchs_layouts(op, args, kwargs, group_name):
+    """`op` of tilescale (traced under FakeTensorMode, and run) gives the layouts torch's meta kernel gives."""
+    fns = {AG: async_tp.fused_all_gather_matmul, RS: async_tp.fused_matmul_reduce_scatter}
+    with FakeTensorMode() as mode:
+        fake = [[mode.from_tensor(t) for t in a] if isinstance(a, list) else
+                mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        want = layouts(getattr(torch.ops.symm_mem, op)(*fake, group_name, **kwargs))
+        traced = layouts(fns[op](*fake, group_name, **kwargs))
+    ran = layouts(fns[op](*args, group_name, **kwargs))
+    assert traced == want, f"traced {traced}, torch's {want}"
+    assert ran == want, f"ran {ran}, torch's {want}"
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("full,gather_dim", AG_DIMS)
+@pytest.mark.parametrize("n_bs,dtype", [(1, torch.bfloat16), (3, torch.bfloat16), (2, torch.float32)])
+@pytest.mark.parametrize("return_A", [True, False])
+def test_all_gather_matmul_layouts_are_torchs(world, fake_group, W, full, gather_dim, n_bs, dtype, return_A):
+    gn = fake_group(W)
+    world(MirrorWorld(W)).world_names.add(gn)
+    A, Bs = ag_inputs(full, gather_dim, W, n_bs, dtype)
+    assert_torchs_layouts(AG, (A, Bs, gather_dim), {"return_A": return_A}, gn)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("shape,scatter_dim", [((8, 16, 32), 0), ((8, 16, 32), 1), ((8, 16, 32), 2),
+                                               ((4, 8, 12, 32), 0), ((4, 8, 12, 32), 1), ((4, 8, 12, 32), 2),
+                                               ((4, 8, 12, 32), 3)])
+@pytest.mark.parametrize("reduce_op,dtype", [("sum", torch.bfloat16), ("avg", torch.float32)])
+def test_matmul_reduce_scatter_layouts_are_torchs(world, fake_group, W, shape, scatter_dim, reduce_op, dtype):
+    """Contiguous, as torch's, for every scatter_dim (scatter_dim 1 and 2 were strided views of the GEMM+RS result:
+    strides (64, 1, 512) where torch's are (2048, 32, 1))."""
+    gn = fake_group(W)
+    world(MirrorWorld(W)).world_names.add(gn)
+    A, B = randn(*shape, seed=1, dtype=dtype), randn(shape[-1], 16, seed=2, dtype=dtype)
+    assert_torchs_layouts(RS, (A, B, reduce_op, scatter_dim), {}, gn)
+
+
+def test_layouts_of_strided_operands_are_torchs(world, fake_group):
+    """A_shard laid out as Inductor's pass passes it (``A.movedim(dim, 0)`` contiguous), B transposed (an
+    nn.Linear weight's .t())."""
+    gn = fake_group(2)
+    world(MirrorWorld(2)).world_names.add(gn)
+    A = randn(16, 8, 32, seed=1, dtype=torch.bfloat16).transpose(0, 1)      # (8, 16, 32), dim 1 outermost
+    Bt = randn(24, 32, seed=2, dtype=torch.bfloat16).t()
+    assert_torchs_layouts(AG, (A, [Bt, Bt], 1), {"return_A": True}, gn)
+    assert_torchs_layouts(RS, (A, Bt, "sum", 1), {}, gn)
+
+
+# ---------------------------------------------------------------------------------------------- values
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("shape,gather_dim", [((4, 6, 16), 0), ((4, 6, 16), 1), ((4, 6, 16), -1),
+                                              ((2, 3, 4, 16), 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_all_gather_matmul_matches_torch_semantics(world, W, shape, gather_dim, dtype):
+    w = world(ThreadWorld(W))
+    shards = [randn(*shape, seed=r, dtype=dtype) for r in range(W)]
+    K = shape[-1] * (W if gather_dim == -1 else 1)
+    Bs = [randn(K, 8, seed=100, dtype=dtype), randn(K, 16, seed=101, dtype=dtype)]
+    A_ref = torch.cat(shards, dim=gather_dim)
+    tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 2e-2}
+
+    def rank(r):
+        return async_tp.fused_all_gather_matmul(shards[r], Bs, gather_dim, "world")
+
+    for A, outs in w.run(rank):
+        torch.testing.assert_close(A, A_ref)
+        for o, B in zip(outs, Bs, strict=True):
+            torch.testing.assert_close(o.float(), A_ref.float() @ B.float(), **tol)
+    if dtype == torch.bfloat16 and gather_dim != -1:   # the gather overlapped with both GEMMs: one call, N = 8 + 16
+        assert w.ag_gemm_ns == [24]
+    A, outs = w.run(lambda r: async_tp.fused_all_gather_matmul(shards[r], Bs[:1], gather_dim, "world",
+                                                                return_A=False))[0]
+    assert A is None and len(outs) == 1
+    torch.testing.assert_close(outs[0].float(), A_ref.float() @ Bs[0].float(), **tol)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("scatter_dim,reduce_op", [(0, "sum"), (1, "avg"), (-1, "sum"), (2, "avg")])
+def test_fused_matmul_reduce_scatter_matches_torch_semantics(world, W, scatter_dim, reduce_op):
+    w = world(ThreadWorld(W))
+    As = [randn(2 * W, 3 * W, 16, seed=r) for r in range(W)]
+    B = randn(16, 4 * W, seed=100)
+    full = sum(a @ B for a in As)
+    if reduce_op == "avg":
+        full = full / W
+    want = full.chunk(W, dim=scatter_dim)
+    for r, got in enumerate(w.run(lambda r: async_tp.fused_matmul_reduce_scatter(As[r], B, reduce_op, scatter_dim,
+                                                                                   "world"))):
+        torch.testing.assert_close(got, want[r])
+        assert got.is_contiguous()
+
+
+# ------------------------------------------------------------------------------------ arguments, fallbacks
+@pytest.mark.parametrize("call,match", [
+    (lambda a, b: async_tp.fused_all_gather_matmul(a[0], [b], 0, "world"),
+     r"fused_all_gather_matmul: A_shard: got a float32 tensor of shape \(8,\) on cpu, expected a tensor of at least 2"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [], 0, "world"),
+     r"fused_all_gather_matmul: Bs: got an empty list, expected at least one B"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [b, b[None]], 0, "world"),
+     r"fused_all_gather_matmul: Bs\[1\]: got a float32 tensor of shape \(1, 8, 4\) on cpu, expected a 2-D tensor"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [b[:4]], 0, "world"),
+     r"Bs\[0\]: got a float32 tensor of shape \(4, 4\) on cpu, expected 8 rows: the last dim of A = "
+     r"all_gather\(A_shard of shape \(4, 8\), dim=0\) over 2 ranks"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [b], -1, "world"),
+     r"Bs\[0\]: got .* expected 16 rows: the last dim of A = all_gather\(A_shard of shape \(4, 8\), dim=-1\)"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [b], 2, "world"),
+     r"fused_all_gather_matmul: gather_dim: got 2, expected a dim of the 2-D A_shard, in \[-2, 2\)"),
+    (lambda a, b: async_tp.fused_all_gather_matmul(a, [b], True, "world"),
+     r"gather_dim: got True, expected a dim of the 2-D A_shard"),
+    (lambda a, b: async_tp.fused_matmul_reduce_scatter(a, b.t(), "sum", 0, "world"),
+     r"fused_matmul_reduce_scatter: B: got a float32 tensor of shape \(4, 8\) on cpu, expected 8 rows \(the last "
+     r"dim of A, of shape \(4, 8\)\)"),
+    (lambda a, b: async_tp.fused_matmul_reduce_scatter(a, b[None], "sum", 0, "world"),
+     r"fused_matmul_reduce_scatter: B: got .* shape \(1, 8, 4\) on cpu, expected a 2-D tensor"),
+    (lambda a, b: async_tp.fused_matmul_reduce_scatter(a, b, "sum", -3, "world"),
+     r"fused_matmul_reduce_scatter: scatter_dim: got -3, expected a dim of the 2-D A, in \[-2, 2\)"),
+    (lambda a, b: async_tp.fused_matmul_reduce_scatter(a[:3], b, "sum", 0, "world"),
+     r"scatter_dim: got 0, expected a dim of A @ B whose size \(3 here\) is a multiple of the world size 2"),
+    (lambda a, b: async_tp.fused_matmul_reduce_scatter(a, b[:, :3], "avg", 1, "world"),
+     r"scatter_dim: got 1, expected a dim of A @ B whose size \(3 here\) is a multiple of the world size 2"),
+])
+def test_arguments_are_checked(world, call, match):
+    world(MirrorWorld(2))
+    with pytest.raises(OpArgumentError, match=match):
+        call(randn(4, 8), randn(8, 4))
+
+
+def test_a_non_tensor_is_a_type_error(world):
+    world(MirrorWorld(2))
+    with pytest.raises(OpArgumentTypeError, match=r"fused_matmul_reduce_scatter: A: got list \[1, 2\], expected"):
+        async_tp.fused_matmul_reduce_scatter([1, 2], randn(8, 4), "sum", 0, "world")
+
+
+def test_drop_ins_fall_back_to_torch(world, monkeypatch, caplog):
+    world(MirrorWorld(2))
+    seen = []
+
+    class SymmMem:
+        def fused_all_gather_matmul(self, *a, **k):
+            seen.append(("ag", a[3], k))
+            return None, []
+
+        def fused_matmul_reduce_scatter(self, *a):
+            seen.append(("rs", a[2], a[4]))
+            return a[0]
+
+    monkeypatch.setattr(torch.ops, "symm_mem", SymmMem(), raising=False)
+    a, b = randn(4, 8), randn(8, 4)
+    with caplog.at_level(logging.DEBUG, logger="tilescale.ops"):
+        async_tp.fused_all_gather_matmul(a, [b], 0, "tp_subgroup")
+        async_tp.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
+        async_tp.fused_matmul_reduce_scatter(a.double(), b.double(), "sum", 0, "world")
+        async_tp.fused_all_gather_matmul(a.half(), [b], 0, "world", return_A=False)
+    assert seen == [("ag", "tp_subgroup", {"return_A": True}), ("rs", "max", "world"), ("rs", "sum", "world"),
+                    ("ag", "world", {"return_A": False})]
+    assert "group 'tp_subgroup' is not the whole world" in caplog.text and "reduce_op 'max'" in caplog.text
+    assert "dtype torch.float64" in caplog.text and "dtype torch.float32" in caplog.text
+
+
+def test_a_subgroup_runs_torchs_op(world, fake_group):
+    """A group other than the whole world (a TP group of 2 in a world of 4) goes to torch.ops.symm_mem itself (here
+    its meta kernel, under FakeTensorMode: gathered over the subgroup's 2 ranks), and to no tilescale op."""
+    gn = fake_group(4)
+    sub = dist.new_group([0, 1]).group_name
+    w = world(MirrorWorld(4))
+    w.world_names.add(gn)
+    with FakeTensorMode() as mode:
+        a, b = mode.from_tensor(randn(4, 6, 8)), mode.from_tensor(randn(8, 16))
+        A, (c,) = async_tp.fused_all_gather_matmul(a, [b], 1, sub)
+        y = async_tp.fused_matmul_reduce_scatter(a, b, "sum", 1, sub)
+        assert A.shape == (4, 12, 8) and c.shape == (4, 12, 16) and y.shape == (4, 3, 16)
+        A, (c,) = async_tp.fused_all_gather_matmul(a, [b], 1, gn)
+        assert A.shape == (4, 24, 8)
+
+
+def test_the_whole_world_is_the_runtimes_ranks(fake_group, monkeypatch):
+    """TilescaleBackend.is_world_group: a group of every rank of tilescale's runtime, in order; not a subgroup, not
+    a world of another size, not an unknown name; without tilescale's runtime, its error (what to call)."""
+    gn = fake_group(4)
+    sub = dist.new_group([0, 1]).group_name
+    be = torch_ops.TilescaleBackend()
+    with pytest.raises(NotInitializedError, match=r"init_distributed\(\)"):
+        be.is_world_group(gn)
+
+    class Runtime:
+        def __init__(self, W):
+            self.info = runtime.DistInfo(rank=0, world_size=W, local_rank=0, local_world_size=W)
+
+    monkeypatch.setattr(runtime, "current", lambda: Runtime(4))
+    assert be.is_world_group(gn) and be.is_world_group(None)
+    assert not be.is_world_group(sub) and not be.is_world_group("no such group")
+    monkeypatch.setattr(runtime, "current", lambda: Runtime(2))
+    assert not be.is_world_group(gn)

@@ -1,0 +1,153 @@
+"""Simulated worlds for the CPU tests of the torch integration (tests/test_torch_ops_cpu.py,
+tests/test_async_tp_cpu.py): a backend of ``tilescale.pytorch.torch_ops`` (put in place of ``torch_ops._BACKEND``)
+whose collectives and fused ops are plain torch, in one process. :class:`MirrorWorld`: one rank of W that all hold
+the same tensors (deterministic: opcheck, torch.compile); :class:`ThreadWorld`: W ranks as W threads, with real
+collectives between them."""
+import threading
+
+import torch
+
+
+class MirrorWorld:
+    """Rank `rank` of `W` ranks that all hold the same tensors (one process, deterministic): what opcheck
+    and torch.compile need. Records which backend calls ran."""
+
+    def __init__(self, W=2, rank=0):
+        self.W, self.r, self.calls = W, rank, []
+        self.world_names = {None, "world"}      # the group names that are the whole world (tests add theirs)
+        self.ag_gemm_ns = []                    # the N (columns of b) of every ag_gemm call
+
+    def world_size(self):
+        return self.W
+
+    def rank(self):
+        return self.r
+
+    def is_world_group(self, group_name):
+        return group_name in self.world_names
+
+    def all_gather(self, x):
+        self.calls.append("all_gather")
+        return torch.cat([x] * self.W)
+
+    def reduce_scatter(self, x, W):
+        self.calls.append("reduce_scatter")
+        return (x * W).chunk(W)[self.r].contiguous()
+
+    def all_reduce_(self, x):
+        self.calls.append("all_reduce")
+        x.mul_(self.W)
+
+    def all_to_all_single(self, x, out_splits, in_splits):
+        self.calls.append("all_to_all")
+        part = x.chunk(self.W)[self.r] if not in_splits else x.split(in_splits)[self.r]
+        return torch.cat([part] * self.W)
+
+    def broadcast_(self, x, src):
+        self.calls.append("broadcast")
+
+    def ag_gemm(self, a, b, return_gathered):
+        self.calls.append("ag_gemm")
+        self.ag_gemm_ns.append(b.shape[1])
+        assert b.is_contiguous()
+        a_full = torch.cat([a] * self.W)
+        return a_full @ b, (a_full if return_gathered else None)
+
+    def gemm_rs(self, x, w):
+        self.calls.append("gemm_rs")
+        assert x.is_contiguous() and w.is_contiguous()
+        return ((x @ w) * self.W).chunk(self.W)[self.r].contiguous()
+
+
+class ThreadWorld:
+    """W ranks as W threads of this process; collectives meet in shared slots behind a barrier. Each
+    thread's rank: ``world.local.rank``."""
+
+    def __init__(self, W):
+        self.W = W
+        self.local = threading.local()
+        self.slots = [None] * W
+        self.barrier = threading.Barrier(W, timeout=60)
+        self.calls = []
+        self.world_names = {None, "world"}
+        self.ag_gemm_ns = []                    # rank 0's
+
+    def world_size(self):
+        return self.W
+
+    def rank(self):
+        return self.local.rank
+
+    def is_world_group(self, group_name):
+        return group_name in self.world_names
+
+    def _exchange(self, obj):
+        self.slots[self.local.rank] = obj
+        self.barrier.wait()
+        every = list(self.slots)
+        self.barrier.wait()
+        return every
+
+    def _log(self, what):
+        if self.local.rank == 0:
+            self.calls.append(what)
+
+    def all_gather(self, x):
+        self._log("all_gather")
+        return torch.cat(self._exchange(x))
+
+    def reduce_scatter(self, x, W):
+        self._log("reduce_scatter")
+        return sum(self._exchange(x)).chunk(W)[self.local.rank].contiguous()
+
+    def all_reduce_(self, x):
+        self._log("all_reduce")
+        x.copy_(sum(self._exchange(x.clone())))
+
+    def all_to_all_single(self, x, out_splits, in_splits):
+        self._log("all_to_all")
+        every = self._exchange((x, in_splits))
+        parts = [t.split(s)[self.local.rank] if s else t.chunk(self.W)[self.local.rank] for t, s in every]
+        return torch.cat(parts)
+
+    def broadcast_(self, x, src):
+        self._log("broadcast")
+        x.copy_(self._exchange(x.clone())[src])
+
+    def ag_gemm(self, a, b, return_gathered):
+        self._log("ag_gemm")
+        if self.local.rank == 0:
+            self.ag_gemm_ns.append(b.shape[1])
+        a_full = torch.cat(self._exchange(a))
+        return a_full @ b, (a_full if return_gathered else None)
+
+    def gemm_rs(self, x, w):
+        self._log("gemm_rs")
+        return sum(self._exchange(x @ w)).chunk(self.W)[self.local.rank].contiguous()
+
+    def run(self, fn):
+        """fn(rank) on every rank (thread); the results by rank; re-raises the first error."""
+        out, errs = [None] * self.W, []
+
+        def body(r):
+            self.local.rank = r
+            try:
+                out[r] = fn(r)
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.W)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errs:
+            raise errs[0]
+        return out
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    """A seeded normal tensor (CPU) of `dtype`."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
