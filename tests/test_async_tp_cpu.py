@@ -1,4 +1,5 @@
-"""The async-TP drop-ins (tilescale/pytorch/async_tp.py) on a machine without a GPU:
+"""The async-TP drop-ins (tilescale/pytorch/async_tp.py) and the switch that has Inductor's micro-pipeline TP pass run
+on them (tilescale/pytorch/inductor_async_tp.py), on a machine without a GPU:
 
 * layouts: the shape, dtype and strides of every result, for every gather_dim / scatter_dim of 3-D and 4-D
   operands, one and several Bs, with and without A, equal those of torch's own meta kernels of
@@ -6,8 +7,12 @@
   torch.compile traces) and when run in a simulated world (tests/torch_worlds.py);
 * values in a world of W threads against the gather / reduce-scatter of every rank's data; several Bs are one
   fused call;
-* argument checks (the op, the argument, what was received, what was expected) and the fallbacks to torch's op."""
+* argument checks (the op, the argument, what was received, what was expected) and the fallbacks to torch's op;
+* the switch: installed and removed (the dispatcher's kernels, the pass's setting, the group's mark); calls of
+  ``torch.ops.symm_mem`` reaching tilescale (its CPU kernels, in the simulated world) and, for what tilescale does not
+  serve, torch's kernel."""
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +22,10 @@ import torch.distributed as dist  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch_worlds import MirrorWorld, ThreadWorld, randn  # noqa: E402
 
+import tilescale  # noqa: E402
 from tilescale import compat, runtime  # noqa: E402
 from tilescale.errors import NotInitializedError, OpArgumentError, OpArgumentTypeError  # noqa: E402
-from tilescale.pytorch import async_tp, torch_ops  # noqa: E402
+from tilescale.pytorch import async_tp, inductor_async_tp, torch_ops  # noqa: E402
 
 compat.symm_mem_module()            # torch.ops.symm_mem.* registered
 AG, RS = async_tp.AG, async_tp.RS
@@ -49,6 +55,16 @@ def fake_group():
     yield init
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def no_switch():
+    """The switch is removed after the test, whatever happened (and was not installed before it)."""
+    assert inductor_async_tp.installed() is None
+    yield
+    left = inductor_async_tp.installed()
+    if left is not None:
+        left.remove()
 
 
 def layout(t):
@@ -269,3 +285,107 @@ def test_the_whole_world_is_the_runtimes_ranks(fake_group, monkeypatch):
     assert not be.is_world_group(sub) and not be.is_world_group("no such group")
     monkeypatch.setattr(runtime, "current", lambda: Runtime(2))
     assert not be.is_world_group(gn)
+
+
+# ------------------------------------------------------------------------------------------------- switch
+def kernel_file(op: str, key: str) -> str | None:
+    """The file that registered the kernel of symm_mem::<op> for dispatch key `key` (torch's dispatch table)."""
+    for line in torch._C._dispatch_dump_table(f"symm_mem::{op}").splitlines():
+        if line.startswith(f"{key}: registered at "):
+            return line.split("registered at ", 1)[1].rsplit(":", 1)[0]
+    return None
+
+
+TORCHS = str(Path(compat.symm_mem_module().__file__))
+OURS = str(Path(inductor_async_tp.__file__))
+
+
+def test_switch_installs_and_removes(fake_group, no_switch):
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
+
+    gn = fake_group(2)
+    assert [kernel_file(op, "CUDA") for op in (AG, RS)] == [TORCHS, TORCHS]
+    assert not inductor_config._micro_pipeline_tp
+    sw = tilescale.pytorch.use_for_inductor_async_tp()
+    assert inductor_async_tp.installed() is sw and sw.installed
+    assert [kernel_file(op, k) for op in (AG, RS) for k in ("CUDA", "Meta", "CPU")] == [OURS, TORCHS, None] * 2
+    assert inductor_config._micro_pipeline_tp and is_symm_mem_enabled_for_group(gn)
+    with pytest.raises(RuntimeError, match="use_for_inductor_async_tp: already installed"):
+        inductor_async_tp.use_for_inductor_async_tp()
+    sw.remove()
+    assert [kernel_file(op, "CUDA") for op in (AG, RS)] == [TORCHS, TORCHS]
+    assert not inductor_config._micro_pipeline_tp and inductor_async_tp.installed() is None and not sw.installed
+    sw.remove()                                   # a second removal does nothing
+    with inductor_async_tp.use_for_inductor_async_tp(enable_pass=False) as sw:
+        assert kernel_file(AG, "CUDA") == OURS and not inductor_config._micro_pipeline_tp
+    assert kernel_file(AG, "CUDA") == TORCHS and inductor_async_tp.installed() is None
+
+
+def test_switch_puts_back_the_pass_setting_it_found(fake_group, no_switch):
+    import torch._inductor.config as inductor_config
+
+    fake_group(2)
+    with inductor_config.patch(_micro_pipeline_tp=True):
+        with inductor_async_tp.use_for_inductor_async_tp():
+            pass
+        assert inductor_config._micro_pipeline_tp
+
+
+def test_switch_with_the_pass_needs_torch_distributed(no_switch):
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match=r"torch.distributed is not initialised: call tilescale.init_distributed"):
+        inductor_async_tp.use_for_inductor_async_tp()
+    assert inductor_async_tp.installed() is None and kernel_file(AG, "CUDA") == TORCHS
+
+
+def test_switch_routes_the_symm_mem_ops_to_tilescale(world, no_switch):
+    """torch.ops.symm_mem.* (what Inductor's compiled code calls) run tilescale's drop-ins while the switch is
+    installed: torch has no CPU kernel of them, so their CPU calls fail before and after, and give tilescale's
+    results (W ranks as threads) in between."""
+    W = 2
+    w = world(ThreadWorld(W))
+    shards = [randn(2, 4, 16, seed=r, dtype=torch.bfloat16) for r in range(W)]
+    Bs = [randn(16, 8, seed=100, dtype=torch.bfloat16), randn(16, 16, seed=101, dtype=torch.bfloat16)]
+    ag, rs = torch.ops.symm_mem.fused_all_gather_matmul, torch.ops.symm_mem.fused_matmul_reduce_scatter
+
+    def rank(r):
+        A, outs = ag(shards[r], Bs, 1, "world", return_A=True)
+        return A, outs, rs(shards[r], Bs[1], "avg", 1, "world")
+
+    with pytest.raises(NotImplementedError, match="symm_mem::fused_all_gather_matmul"):
+        rank(0)
+    with inductor_async_tp.use_for_inductor_async_tp(enable_pass=False, device_types=("cpu",)) as sw:
+        results = w.run(rank)
+    A_ref = torch.cat(shards, dim=1)
+    y_ref = (sum(s.float() @ Bs[1].float() for s in shards) / W).chunk(W, dim=1)
+    for r, (A, outs, y) in enumerate(results):
+        torch.testing.assert_close(A, A_ref)
+        for o, B in zip(outs, Bs, strict=True):
+            torch.testing.assert_close(o.float(), A_ref.float() @ B.float(), atol=5e-2, rtol=2e-2)
+        torch.testing.assert_close(y.float(), y_ref[r], atol=5e-2, rtol=2e-2)
+    assert w.ag_gemm_ns == [24] and sw.calls[AG] > 0 and sw.calls[RS] > 0 and sw.calls[f"{AG} (torch)"] == 0
+    with pytest.raises(NotImplementedError, match="symm_mem::fused_all_gather_matmul"):
+        rank(0)
+
+
+def test_switch_sends_what_tilescale_does_not_serve_to_torchs_kernel(world, monkeypatch, no_switch):
+    w = world(MirrorWorld(2))
+    seen = []
+
+    def torchs(op):
+        def kernel(*args, **kwargs):
+            seen.append((op, args[2:], kwargs))
+            return (None, [args[0]]) if op == AG else args[0]
+
+        return kernel
+
+    monkeypatch.setattr(compat, "symm_mem_kernel", torchs)
+    a, b = randn(4, 8), randn(8, 4)
+    with inductor_async_tp.use_for_inductor_async_tp(enable_pass=False, device_types=("cpu",)) as sw:
+        torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, "tp_subgroup", return_A=False)
+        torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "max", 0, "world")
+        torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, "world")    # served
+    assert seen == [(AG, (0, "tp_subgroup"), {"return_A": False}), (RS, ("max", 0, "world"), {})]
+    assert sw.calls == {AG: 1, f"{AG} (torch)": 1, RS: 2, f"{RS} (torch)": 1}
+    assert w.calls == ["reduce_scatter"]     # the served call (fp32: torch's GEMM, then tilescale's reduce_scatter)

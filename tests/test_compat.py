@@ -246,6 +246,40 @@ def _symm_mem_ops():
         assert str(getattr(torch.ops.symm_mem, op).default._schema) == schema
 
 
+def _symm_mem_kernels():
+    """The functions compat.symm_mem_kernel returns are the ops' CUDA kernels (registered from their module), and
+    take the ops' arguments (in order; the keyword-only ones by name)."""
+    import inspect as _inspect
+
+    import torch
+
+    for op in SYMM_MEM_SCHEMAS:
+        fn = compat.symm_mem_kernel(op)
+        table = torch._C._dispatch_dump_table(f"symm_mem::{op}")
+        assert f"CUDA: registered at {compat.symm_mem_module().__file__}:" in table, table
+        schema = getattr(torch.ops.symm_mem, op).default._schema
+        params = _inspect.signature(fn).parameters.values()      # called positionally, but for keyword-only ones
+        assert len(params) == len(schema.arguments), op
+        assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == [a.name for a in schema.arguments
+                                                                          if a.kwarg_only], op
+
+
+def _mark_group_for_symm_mem():
+    mod = compat.symm_mem_module()
+    assert callable(mod.enable_symm_mem_for_group) and callable(mod.is_symm_mem_enabled_for_group)
+
+
+def _micro_pipeline_tp():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config._micro_pipeline_tp
+    try:
+        assert compat.set_micro_pipeline_tp(True) == before and inductor_config._micro_pipeline_tp is True
+        assert compat.set_micro_pipeline_tp(before) is True
+    finally:
+        inductor_config._micro_pipeline_tp = before
+
+
 PROBES = {
     "tilelang.jit.JITImpl": _jit_impl,
     "tilelang.jit.ExecutionBackend": _execution_backends,
@@ -271,6 +305,9 @@ PROBES = {
     "torch.cuda._lazy_init": _lazy_init,
     "torch.distributed.distributed_c10d._resolve_process_group": _resolve_process_group,
     "torch.distributed._symmetric_memory": _symm_mem_ops,
+    "torch.distributed._symmetric_memory._fused_all_gather_matmul / _fused_matmul_reduce_scatter": _symm_mem_kernels,
+    "torch.distributed._symmetric_memory.enable_symm_mem_for_group": _mark_group_for_symm_mem,
+    "torch._inductor.config._micro_pipeline_tp": _micro_pipeline_tp,
     "tilelang's generated host call(...) (regex)": _host_call_regex,
     "tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store": _storing_warp,
 }

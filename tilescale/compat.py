@@ -56,6 +56,13 @@ UPSTREAM: tuple[Upstream, ...] = (
              "which ranks a group_name holds (the async-TP drop-ins serve the whole world: pytorch/torch_ops.py)"),
     Upstream("torch.distributed._symmetric_memory", "registers torch.ops.symm_mem.* (the async-TP drop-ins' "
                                                     "fallback to torch's ops: pytorch/async_tp.py)"),
+    Upstream("torch.distributed._symmetric_memory._fused_all_gather_matmul / _fused_matmul_reduce_scatter",
+             "torch's own CUDA kernels of the symm_mem ops, which use_for_inductor_async_tp's kernels call for what "
+             "tilescale does not serve (pytorch/inductor_async_tp.py)"),
+    Upstream("torch.distributed._symmetric_memory.enable_symm_mem_for_group",
+             "use_for_inductor_async_tp: Inductor's micro-pipeline TP pass fuses only the groups marked by it "
+             "(deprecated in torch 2.14, still the pass's gate)"),
+    Upstream("torch._inductor.config._micro_pipeline_tp", "use_for_inductor_async_tp turns the pass on (and back)"),
     Upstream("tilelang's generated host call(...) (regex)", "direct launch of ops (ops/direct_launch.py)"),
     Upstream("tilelang's warp specialisation: producer warps first, tl_shuffle_elect<n> for T.copy's TMA store",
              "GEMM+RS's count of a tile once its store is written (storing_warp)"),
@@ -221,3 +228,30 @@ def symm_mem_module():
     import importlib
 
     return importlib.import_module("torch.distributed._symmetric_memory")
+
+
+def symm_mem_kernel(op: str):
+    """torch's own implementation of ``torch.ops.symm_mem.<op>`` for CUDA tensors (``fused_all_gather_matmul`` or
+    ``fused_matmul_reduce_scatter``): the Python function torch registers as the op's CUDA kernel, callable with the
+    op's arguments without the dispatcher."""
+    return getattr(symm_mem_module(), "_" + op)
+
+
+def mark_group_for_symm_mem(group_name: str) -> None:
+    """Mark `group_name` for symmetric memory (``is_symm_mem_enabled_for_group`` is then True: Inductor's
+    micro-pipeline TP pass fuses its collectives); torch 2.14 deprecates the call (a FutureWarning, silenced here)
+    but the pass still asks. Idempotent."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        symm_mem_module().enable_symm_mem_for_group(group_name)
+
+
+def set_micro_pipeline_tp(on: bool) -> bool:
+    """Turn Inductor's micro-pipeline TP pass on or off (read when a graph compiles); returns the previous value."""
+    import torch._inductor.config as inductor_config
+
+    before = bool(inductor_config._micro_pipeline_tp)
+    inductor_config._micro_pipeline_tp = on
+    return before
