@@ -10,7 +10,13 @@ on them (tilescale/pytorch/inductor_async_tp.py), on a machine without a GPU:
 * argument checks (the op, the argument, what was received, what was expected) and the fallbacks to torch's op;
 * the switch: installed and removed (the dispatcher's kernels, the pass's setting, the group's mark); calls of
   ``torch.ops.symm_mem`` reaching tilescale (its CPU kernels, in the simulated world) and, for what tilescale does not
-  serve, torch's kernel."""
+  serve, torch's kernel; an Inductor compile of examples/distributed/example_inductor_async_tp.py's block with the
+  pass on, whose code calls the fused ops, which reach tilescale, with Inductor's checks of their outputs' shapes
+  and strides passing.
+
+The same on GPUs against torch.ops.symm_mem (PyTorch's own test cases): tests/test_async_tp_gpu.py and the example."""
+import functools
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -29,6 +35,7 @@ from tilescale.pytorch import async_tp, inductor_async_tp, torch_ops  # noqa: E4
 
 compat.symm_mem_module()            # torch.ops.symm_mem.* registered
 AG, RS = async_tp.AG, async_tp.RS
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "distributed" / "example_inductor_async_tp.py"
 
 
 @pytest.fixture
@@ -389,3 +396,42 @@ def test_switch_sends_what_tilescale_does_not_serve_to_torchs_kernel(world, monk
     assert seen == [(AG, (0, "tp_subgroup"), {"return_A": False}), (RS, ("max", 0, "world"), {})]
     assert sw.calls == {AG: 1, f"{AG} (torch)": 1, RS: 2, f"{RS} (torch)": 1}
     assert w.calls == ["reduce_scatter"]     # the served call (fp32: torch's GEMM, then tilescale's reduce_scatter)
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("example_inductor_async_tp_for_cpu_tests", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_inductor_compiles_the_example_block_onto_tilescale(world, fake_group, no_switch):
+    """The example's TP block compiled by Inductor (CPU) with the switch on, in a mirror world of 2 ranks (every rank
+    holds the same tokens): the pass rewrote its 2 all-gathers (3 and 2 Bs, gathered along dim 1) and 2
+    reduce-scatters (dim 1) into the fused ops, which ran tilescale's drop-ins (its CPU kernels; each all-gather one
+    fused call of its Bs concatenated); Inductor's checks of the fused ops' output shapes, strides and dtypes (in the
+    generated code) passed; the output equals the block with the mirror world's collectives."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    ex = _example()
+    W, batch, seq, H, heads, Fd = 2, 2, 64, 64, 4, 128
+    gn = fake_group(W)
+    w = world(MirrorWorld(W))
+    w.world_names.add(gn)
+    cpu, bf = torch.device("cpu"), torch.bfloat16
+    p = ex.weights(0, W, H, heads, Fd, cpu, bf)
+    x = ex.tokens(0, W, batch, seq, H, cpu, bf)
+    gather, scatter = ex.funcol_collectives(gn)
+    fn = functools.partial(ex.block, p=p, gather=gather, scatter=scatter, heads=heads // W)
+    with inductor_config.patch(compile_threads=1), torch.no_grad():
+        want = ex.block(x, p, lambda t, d: torch.cat([t] * W, d), lambda t, d: (t * W).chunk(W, d)[0], heads // W)
+        with inductor_async_tp.use_for_inductor_async_tp(device_types=("cpu",)) as sw:
+            got, code = run_and_get_code(torch.compile(fn, fullgraph=True), x)
+    code = "\n".join(code)
+    calls = [ln.strip() for ln in code.splitlines() if "= torch.ops.symm_mem." in ln]
+    assert len(calls) == 4 and sum(f"{AG}.default(" in c for c in calls) == 2, calls
+    assert "assert_tensor_metadata(" in code       # Inductor checks the fused ops' outputs (with the strides)
+    assert sw.calls == {AG: 2, RS: 2}, sw.calls
+    assert w.ag_gemm_ns == [3 * H // W, 2 * Fd // W]     # q, k, v in one call; w1, w3 in another
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 2e-2
