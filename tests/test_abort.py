@@ -335,7 +335,8 @@ def test_a_failure_caught_in_one_runtime_does_not_stop_the_next_one(exits):
         threading.Event().wait(0.01)
     dog.stop.set()
     dog.join(5)
-    assert exits == [1]
+    # os._exit is recorded, not done: the watchdog may poll (and stop) again before it is told to end
+    assert exits and set(exits) == {1}, exits
 
 
 # ------------------------------------------------------------- finalize's errors are said, not hidden

@@ -267,7 +267,8 @@ if [ "${{1:-}}" = -d ]; then
 fi
 read -r cmd
 echo "$cmd pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
-[ "$cmd" = quit ] && pkill -f "^nvidia-cuda-mps-control -d"
+# the daemon ends a moment after quit (a real one first ends its servers): the launcher waits for it
+[ "$cmd" = quit ] && (sleep 1; pkill -f "^nvidia-cuda-mps-control -d") </dev/null >/dev/null 2>&1 &
 exit 0
 """
 
@@ -295,6 +296,7 @@ def test_mps_started_only_when_asked_and_stopped_after(tmp_path):
         assert pipe.startswith(str(tmp_path)) and calls[-1].endswith(pipe), calls   # its own pipe dir, quit there
         assert f"mps={pipe}" in r.stdout, r.stdout                                   # the ranks see it
         assert not _mps_daemons(), "the MPS daemon launch.sh started is still running"
+        assert "did not stop on quit" not in r.stderr, r.stderr                     # it waited for it to end
         assert not list(tmp_path.glob("tilescale-mps.*")), "launch.sh left its MPS directory behind"
         # a daemon that already runs is used as it is, never stopped
         subprocess.run([str(fake), "-d"], check=True, timeout=30)

@@ -117,14 +117,29 @@ def test_a_name_bound_by_a_process_that_is_not_tilescales_is_reported_as_such():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
 def test_a_wait_that_could_not_end_is_refused(bad):
-    """nan never passes a deadline and inf overflows it: a SettingError naming the argument, not a wait forever."""
+    """nan never passes a deadline and inf overflows it: a SettingError naming the argument, not a wait forever.
+    (The attempt runs in a thread: without the check it would wait for ever, and the test ends at its own bound.)"""
+    import threading
+
     from tilescale.errors import SettingError
 
     name = _name()
     a = mpg_lock.HostLock(name)
     a.acquire(1, "a")
-    try:
-        with pytest.raises(SettingError, match=r"^timeout_s="):
+    out = {}
+
+    def attempt():
+        try:
             mpg_lock.HostLock(name).acquire(bad, "b")
+            out["error"] = None
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    try:
+        t = threading.Thread(target=attempt, daemon=True)
+        t.start()
+        t.join(30)
+        assert "error" in out, f"acquire(timeout_s={bad}) was still waiting after 30 s"
+        assert isinstance(out["error"], SettingError) and str(out["error"]).startswith("timeout_s="), out["error"]
     finally:
         a.release()

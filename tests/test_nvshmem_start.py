@@ -2,6 +2,7 @@
 start returns an error, or never returns), a HashStore for the job's store, and os._exit is recorded. A rank whose
 start fails tells the others; a rank waiting in the start stops when told, or at its bound; the host lock is held
 around the start of its holder only. (A real NVSHMEM start: the GPU tiers.)"""
+import datetime
 import os
 import threading
 import time
@@ -59,7 +60,9 @@ def env(monkeypatch):
     monkeypatch.setattr(diagnostics.os, "_exit", lambda code: (exits.append(code), release.set()))
     monkeypatch.setattr(diagnostics.time, "sleep", lambda s: None)
     diagnostics.failing.clear()
-    return types.SimpleNamespace(exits=exits, release=release, store=dist.HashStore())
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=10))   # a failure that was never published: a get fails in seconds
+    return types.SimpleNamespace(exits=exits, release=release, store=store)
 
 
 def _start_in_thread(shim, store, rank=0, **kw):
@@ -116,7 +119,7 @@ def test_a_start_that_never_ends_stops_at_its_bound_and_tells_the_others(env, ca
     t.join(30)
     took = time.monotonic() - t0
     bound = 0.6 if shared else 0.3
-    assert env.exits == [1], "the start was not bounded"
+    assert env.exits and set(env.exits) == {1}, "the start was not bounded"   # (os._exit recorded: may come twice)
     assert bound <= took < bound + 20, took
     err = capsys.readouterr().err
     assert "rank 0: NVSHMEM's start (tilescale.init_distributed(timeout_s=0.3" in err, err

@@ -13,8 +13,10 @@ from tilescale import errors, runtime, symm  # noqa: E402
 from tilescale.errors import CollectiveMismatchError, OpArgumentError, OpArgumentTypeError  # noqa: E402
 from tilescale.ops import all_to_all, allgather, allreduce, base, checks, reduce_scatter, reduce_to_root, vectors  # noqa: E402
 from tilescale.ops import allgather_gemm as ag_gemm  # noqa: E402
+from tilescale.ops import allgather_hierarchical as ag_hier  # noqa: E402
 from tilescale.ops import broadcast_from_root as broadcast  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as gemm_rs  # noqa: E402
+from tilescale.ops import reduce_scatter_hierarchical as rs_hier  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -301,6 +303,17 @@ CONSTRUCTION = [
      r"ReduceScatter: shape: got \(2, 17179869184\) \(the 16-byte vectors of a rank's slice: 2147483648\)"),
     ("Reduce vectors", lambda: reduce_to_root.Reduce(((1 << 34) + 8,), torch.bfloat16, 0), OpArgumentError,
      r"Reduce: shape: got \(17179869192,\) \(its 16-byte vectors: 2147483649\)"),
+    ("ReduceScatterHierarchical vectors", lambda: rs_hier.ReduceScatterHierarchical((2, 1 << 34), torch.bfloat16),
+     OpArgumentError, r"ReduceScatterHierarchical: shape: got \(2, 17179869184\) \(the 16-byte vectors of a rank's "
+     r"slice: 2147483648\)"),
+    ("AllGather elements", lambda: allgather.AllGather((1 << 31,), torch.int8), OpArgumentError,
+     r"AllGather: shape: got \(2147483648,\) \(its elements \(the kernel's n\): 2147483648\), expected sizes for "
+     r"which its elements .* is at most 2\*\*31 - 1"),
+    ("AllGatherHierarchical elements", lambda: ag_hier.AllGatherHierarchical((1 << 16, 1 << 15), torch.int8),
+     OpArgumentError, r"AllGatherHierarchical: shape: got \(65536, 32768\) \(its elements \(the kernel's n\): "
+     r"2147483648\)"),
+    ("Broadcast bytes", lambda: broadcast.Broadcast((1 << 30,), torch.float16, 0), OpArgumentError,
+     r"Broadcast: shape: got \(1073741824,\) torch.float16 \(2147483648 bytes\), expected at most 2139095040 bytes"),
     # the push kernel loads rows of X by TMA: whole 16 bytes (the default path takes pull for such a K)
     ("GemmRS push K", lambda: gemm_rs.GemmRS(4096, 2048, 260, torch.bfloat16, path="push"), OpArgumentError,
      r"GemmRS: K_local: got 260, expected a multiple of 8 on the push path \(its TMA loads of X need rows of whole "
@@ -617,6 +630,18 @@ def test_gemm_rs_size_bound_is_where_tvm_stops(clean_ts_env):
     assert lowers(32768, 32768, "pull")
     gemm_rs.check_sizes(65536, 32768, 1024, 2, "push", 128)
     assert lowers(65536, 32768, "push")
+
+
+def test_gemm_rs_rows_fit_a_grids_y_dimension():
+    """A grid with a row of blocks per tile of M (the pull path's GEMM, the push kernel at world size 1) has at most
+    65535 of them (CUDA's limit in y): refused by name; the push kernel at world size > 1 runs a grid of one row."""
+    with pytest.raises(OpArgumentError, match=r"^GemmRS: M: got M=8388736, N=128, K_local=1024, expected at most "
+                                              r"8388480 rows \(M / block_m = 65537 blocks in a grid's y dimension"):
+        gemm_rs.check_sizes(65537 * 128, 128, 1024, 2, "pull", 128)
+    with pytest.raises(OpArgumentError, match=r"M / block_m = 65537 blocks"):
+        gemm_rs.check_sizes(65537 * 128, 128, 1024, 1, "push", 128)
+    gemm_rs.check_sizes(65535 * 128, 128, 1024, 2, "pull", 128)
+    gemm_rs.check_sizes(65537 * 128, 128, 1024, 2, "push", 128)
 
 
 def test_a_kernel_tvm_cannot_index_is_an_argument_error_of_the_op():

@@ -104,3 +104,15 @@ def test_the_readme_is_a_front_door():
     assert local and not [ln for ln in local if not (REPO / ln).exists()], local
     labels = re.findall(r"\b(?:runs? \d+|RESULTS\.md run|[Ii]ssue \d+|\b[JMN]\d+\b)", text)
     assert not labels, labels
+
+
+def test_the_docs_say_what_the_job_trusts_and_who_shares_the_host_lock():
+    """Two limits a user must know, said where they look: the job's store has no authentication (the README: the job
+    trusts its host and its network), and the shared-GPU mode's host lock is host-wide, any local process can hold
+    it, and its error names the holder (docs/shared-gpu.md)."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "The job trusts its host and its network" in readme and "MASTER_ADDR:PORT" in readme
+    assert "without authentication" in readme
+    shared = " ".join((REPO / "docs" / "shared-gpu.md").read_text().split())
+    assert "The lock is host-wide" in shared and "shared by every user and container" in shared
+    assert "names the holder (pid and uid)" in shared

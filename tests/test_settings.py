@@ -135,3 +135,17 @@ def test_a_kernels_own_wait_timeout_is_checked_like_the_setting(value):
     spec = backend.BackendSpec(name="cython", distributed=True, build_mode="inlined", reason="test")
     with pytest.raises(SettingError, match=r"^wait_timeout_s=.*: expected a number of seconds from 0 to 604800"):
         backend.nvshmem_compile_flags(spec, install=None, wait_timeout_s=value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30, 0, -1.0])
+def test_init_distributeds_timeout_is_checked_before_anything_starts(value):
+    """init_distributed's timeout_s bounds the process groups, the host lock's wait and NVSHMEM's start: nan would
+    never pass a deadline, inf overflows torch's timedelta. Refused by name (without the check, this machine's
+    missing GPU would be the error)."""
+    import tilescale
+    from tilescale.errors import TileScaleError
+
+    with pytest.raises(TileScaleError, match=r"^tilescale\.init_distributed\(timeout_s=.*\): expected a number of "
+                                             r"seconds above 0 and at most 604800"):
+        tilescale.init_distributed(timeout_s=value)
+    assert not tilescale.is_initialized()

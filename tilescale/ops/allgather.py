@@ -156,9 +156,7 @@ class AllGather(DoubleBuffered):
                                          sizes="a non-empty shard shape (rows, *cols): sizes >= 1")
             checks.as_dtype("AllGather", "dtype", dtype, checks.COPY_DTYPES)
             n = math.prod(self.shape)
-            if n >= 1 << 31:
-                checks.fail("AllGather", "shape", f"{self.shape} ({n} elements)",
-                            "fewer than 2**31 elements per shard")
+            checks.fits_int32("AllGather", "shape", repr(self.shape), n, "its elements (the kernel's n)")
             checks.as_int("AllGather", "blocks_per_peer", blocks_per_peer, allow_none=True)
             checks.as_threads("AllGather", threads)
         W, self.dtype, self.n, self.threads = self.world_size, dtype, n, threads

@@ -181,8 +181,7 @@ class AllGatherHierarchical(DoubleBuffered):
                                          sizes="a non-empty shard shape (rows, *cols): sizes >= 1")
             checks.as_dtype(self.NAME, "dtype", dtype, checks.COPY_DTYPES)
             n = math.prod(self.shape)
-            if n >= 1 << 31:
-                checks.fail(self.NAME, "shape", f"{self.shape} ({n} elements)", "fewer than 2**31 elements per shard")
+            checks.fits_int32(self.NAME, "shape", repr(self.shape), n, "its elements (the kernel's n)")
             checks.as_int(self.NAME, "blocks_per_peer", blocks_per_peer, allow_none=True)
             checks.as_threads(self.NAME, threads)
             several_nodes(self.NAME, topo)

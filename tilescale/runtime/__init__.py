@@ -220,6 +220,10 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
     Collective: every rank of the job calls it once. Returns (rank, world_size, local_rank, ...).
     """
     global _RT
+    # before anything starts: nan never passes a deadline, inf overflows the process group's timedelta
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_SECONDS):
+        raise TileScaleError(f"tilescale.init_distributed(timeout_s={timeout_s!r}): expected a number of seconds "
+                             f"above 0 and at most {MAX_SECONDS:.0f} (a week)")
     if settings.compile_only:   # rank 0's answer, nothing started (tilescale/compile_only.py)
         from ..compilation.compile_only import rank_zero
 
@@ -247,9 +251,6 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
         world = env_int("WORLD_SIZE", 1 if not dist.is_initialized() else dist.get_world_size())
         local_rank = env_int("LOCAL_RANK", rank)
         local_world = env_int("LOCAL_WORLD_SIZE", world)
-        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_SECONDS):
-            raise TileScaleError(f"tilescale.init_distributed(timeout_s={timeout_s!r}): expected a number of seconds "
-                                 f"above 0 and at most {MAX_SECONDS:.0f} (a week)")
         if settings.node_size:  # emulated nodes must divide the world: checked first, every rank raises alike
             check_node_size(settings.node_size, world)
         if not torch.cuda.is_available():
