@@ -91,6 +91,37 @@ def test_program_packs_its_ops_and_runs_them_in_one_call():
     empty.run(failing, 1)                       # nothing to issue: no call
 
 
+def test_a_program_in_pieces_issues_its_ops_with_its_marks_between():
+    """in_pieces: the same ops in the same order, one shim call per stretch between marks, each mark handed on where
+    it stands; a failed op is named by its index in the whole program. A program run whole issues no mark."""
+    p = so.Program([0x61])
+    p.mark("start")
+    p.add(so.WRITE, 0x10, 1)
+    p.add(so.WRITE, 0x18, 1, stream=1)
+    p.mark("two", 7)
+    p.mark("and", 8)
+    p.add(so.ZERO, 0x20, 0, 64)
+    p.seal()
+    log = []
+
+    def shim(streams_at, ops_at, n, failed_at):
+        ops = _decode(streams_at, ops_at, n)
+        log.append([o[2] for o in ops])
+        if any(o[0] == so.ZERO and o[3] for o in ops):   # (a zero fill of value b: refused)
+            ctypes.c_int.from_address(failed_at).value = 0
+            return 1
+        return 0
+
+    p.run(so.in_pieces(shim, [p], lambda *what: log.append(what)), 0x77)
+    assert log == [("start",), [0x10, 0x18], ("two", 7), ("and", 8), [0x20]]
+    log.clear()
+    p.run(shim, 0x77)
+    assert log == [[0x10, 0x18, 0x20]]
+    p.array[2].b = 1
+    with pytest.raises(RuntimeError, match=r"^t: op 2 of 3 failed: zero fill on stream 0 \(a=0x20, b=0x1, n=64"):
+        p.run(so.in_pieces(shim, [p], lambda *what: None), 0x77, "t")
+
+
 def test_the_runtime_shim_builds_with_ts_stream_ops():
     """The shim (nvcc, against the installed NVSHMEM) exports ts_stream_ops; loaded on this GPU-less machine, an
     op of an unknown kind is refused with its index (the ops before it were issued: none here)."""
