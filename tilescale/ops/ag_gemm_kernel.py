@@ -2,7 +2,7 @@
 rows, read where they are (`a_local`), then on the other ranks' rows in the gathered buffer, each tile first waiting
 for its chunk's ``arrived`` flag. Also its grids (a short last wave split along K), how many chunks a shard moves in,
 and the list of kernels an op compiles. The steps named here are those of the pull protocol
-(:mod:`tilescale.ops.allgather_gemm`'s docstring).
+(:mod:`tilescale.ops.ag_gemm_pull`; the push protocol's are in :mod:`tilescale.ops.ag_gemm_push`).
 """
 import tilescale
 import tilescale.language as T

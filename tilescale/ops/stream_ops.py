@@ -155,11 +155,3 @@ def describe(kind: int, stream: str, a: int, b: int = 0, n: int = 0, pe: int = 0
 def cause(rc: int) -> str:
     """What the shim's status `rc` (a CUresult, or the shim's own -1 / -2) means."""
     return {-1: "a CUDA driver entry point is missing", -2: "unknown op kind"}.get(rc, f"CUresult {rc}")
-
-
-def check(rc, what: str, kind: int, stream: int, a: int, b: int = 0, n: int = 0, pe: int = 0,
-          label: tuple | None = None) -> None:
-    """An op issued alone by its shim function (a call step by step, as the profiled one): the error of
-    :meth:`Program.run` when the shim returned a status other than 0."""
-    if rc:
-        raise RuntimeError(f"{what}: {describe(kind, f'stream 0x{stream:x}', a, b, n, pe, label)}: {cause(rc)}")
