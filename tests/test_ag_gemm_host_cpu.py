@@ -1,8 +1,9 @@
-"""AG+GEMM's host fast path on CPU (issue 15): the programs of stream operations (tilescale/ops/stream_ops.py, the
-shim's ``ts_stream_ops``) issue exactly what the step-by-step Python path issues, in its order; the packing of
-the ops matches the shim's struct; the GEMM launches through its C entry point when the wrapper's signature is
-``A, B, C, arrived, stream``; the call key of ``Op.begin`` sees a changed tensor. No GPU: fake streams and events,
-CPU tensors, and a recording shim."""
+"""AG+GEMM's host path on CPU (issue 15): the programs of stream operations (tilescale/ops/stream_ops.py, the
+shim's ``ts_stream_ops``) issue each protocol's steps in their order; a profiled call issues the same operations,
+in pieces, with the profiler's records of the copies between them where the old step-by-step path made them; the
+packing of the ops matches the shim's struct; the GEMM launches through its C entry point when the wrapper's
+signature is ``A, B, C, arrived, stream``; the call key of ``Op.begin`` sees a changed tensor. No GPU: fake streams
+and events, CPU tensors, and a recording shim."""
 import contextlib
 import ctypes
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -89,6 +91,37 @@ def test_program_packs_its_ops_and_runs_them_in_one_call():
         p.run(failing, 0x77, "AGGemm")
     empty = so.Program().seal()
     empty.run(failing, 1)                       # nothing to issue: no call
+
+
+def test_a_program_in_pieces_issues_its_ops_with_its_marks_between():
+    """in_pieces: the same ops in the same order, one shim call per stretch between marks, each mark handed on where
+    it stands; a failed op is named by its index in the whole program. A program run whole issues no mark."""
+    p = so.Program([0x61])
+    p.mark("start")
+    p.add(so.WRITE, 0x10, 1)
+    p.add(so.WRITE, 0x18, 1, stream=1)
+    p.mark("two", 7)
+    p.mark("and", 8)
+    p.add(so.ZERO, 0x20, 0, 64)
+    p.seal()
+    log = []
+
+    def shim(streams_at, ops_at, n, failed_at):
+        ops = _decode(streams_at, ops_at, n)
+        log.append([o[2] for o in ops])
+        if any(o[0] == so.ZERO and o[3] for o in ops):   # (a zero fill of value b: refused)
+            ctypes.c_int.from_address(failed_at).value = 0
+            return 1
+        return 0
+
+    p.run(so.in_pieces(shim, [p], lambda *what: log.append(what)), 0x77)
+    assert log == [("start",), [0x10, 0x18], ("two", 7), ("and", 8), [0x20]]
+    log.clear()
+    p.run(shim, 0x77)
+    assert log == [[0x10, 0x18, 0x20]]
+    p.array[2].b = 1
+    with pytest.raises(RuntimeError, match=r"^t: op 2 of 3 failed: zero fill on stream 0 \(a=0x20, b=0x1, n=64"):
+        p.run(so.in_pieces(shim, [p], lambda *what: None), 0x77, "t")
 
 
 def test_the_runtime_shim_builds_with_ts_stream_ops():
@@ -195,7 +228,7 @@ def fake_cuda(monkeypatch):
     return log
 
 
-def _shim(log, with_ops=True):
+def _shim(log):
     def program(streams_at, ops_at, n, failed_at):
         streams = (ctypes.c_void_p * 16).from_address(streams_at)   # (only the program's own are read)
         for kind, s, a, b, nb, pe in _decode(streams_at, ops_at, n):
@@ -206,17 +239,10 @@ def _shim(log, with_ops=True):
                 log.ops.append((kind, h, a, b, nb, pe))
         return 0
 
-    ns = SimpleNamespace(   # (each returns the shim's status: 0)
-        ts_stream_write_u64=lambda s, a, v: log.ops.append((so.WRITE, s, a, v, 0, 0)) or 0,
-        ts_stream_wait_geq_u64=lambda s, a, v, w: log.ops.append((so.WAIT_GEQ, s, a, v, w or 0, 0)) or 0,
-        ts_getmem_on_stream=lambda src, dst, n, pe, s: log.ops.append((so.GET, s, dst, src, n, pe)),
-        ts_signal_add_on_stream=lambda a, v, pe, s: log.ops.append((so.SIGNAL_ADD, s, a, v, 0, pe)))
-    if with_ops:
-        ns.ts_stream_ops = program
-    return ns
+    return SimpleNamespace(ts_stream_ops=program)
 
 
-def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol="pull"):
+def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull"):
     """An AGGemm without GPU pieces: CPU buffers, fake streams, flags at made-up addresses; peers in `near` are on
     this node (a view of their A_full), the others are reached with NVSHMEM; peers in `gpu` share this rank's GPU."""
     op = object.__new__(agm.AGGemm)
@@ -227,7 +253,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol
     op._order.handle = MAIN
     op._stream = lambda: MAIN
     op.captured = False
-    op.rt = SimpleNamespace(shim=_shim(log, with_ops))
+    op.rt = SimpleNamespace(shim=_shim(log))
     rows, K, N, chunks = 8, 16, 16, 2
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
     op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
@@ -257,7 +283,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol
     op._joins = [log.Event(name="join") for _ in op.streams]
     op._pulled = [log.Event(name="pulled") for _ in range(W - 2)]
     op._start.cuda_event, op._joins[0].cuda_event = START, JOIN0
-    op._slot_stale, op._stream_ops = False, op.rt.shim.ts_stream_ops if with_ops else None
+    op._slot_stale, op._stream_ops = False, op.rt.shim.ts_stream_ops
     if W > 1 and protocol == "push":
         op._plan_push()
     elif W > 1:
@@ -275,11 +301,40 @@ def _args(op, contiguous=True):
     return a, torch.ones(op.K, op.N, dtype=torch.float16), torch.empty(op.M, op.N, dtype=torch.float16)
 
 
+class Recorder:
+    """A profiled call's record (tilescale.profiler.records.OpCall) that notes its copy records with the number of
+    stream operations issued before each, and launches the GEMMs as the kernels' own ``launch`` does."""
+
+    def __init__(self, log):
+        self.log, self.records, self.ends = log, [], 0
+
+    def copies_begin(self, stream, src, direction="from"):
+        self.records.append((len(self.log.ops), "copies_begin", stream.cuda_stream, src, direction))
+
+    def copy_done(self, stream, src, chunk, nbytes=0):
+        self.records.append((len(self.log.ops), "copy_done", stream.cuda_stream, src, chunk, nbytes))
+
+    def launcher(self, kernel, *, instrumented=None, tiles=0, end=False, stream=None):
+        def launch(*args):
+            kernel.launch(*args)
+            self.ends += end
+        return launch
+
+
+@contextlib.contextmanager
+def profiled(log):
+    """A profiler session for AGGemm's calls: each takes its profiled path, recorded by one :class:`Recorder`."""
+    rec = Recorder(log)
+    with mock.patch.object(session, "current", object()), mock.patch.object(session, "call", lambda *a, **k: rec):
+        yield rec
+
+
 def _both_paths(log, op, a, b, c):
-    """(steps, fast): what the step-by-step path (the profiled call) issues for ``op(a, b, out=c)``, then what the
-    fast path issues for the same call; each returns `c`."""
-    with log.Mode():
-        assert op._call_steps(a, b, c, None) is c
+    """(profiled, fast): what a profiled call issues for ``op(a, b, out=c)``, then what the fast path issues for the
+    same call; each returns `c`, and the profiled call's record ends once (with its last GEMM)."""
+    with log.Mode(), profiled(log) as rec:
+        assert op(a, b, out=c) is c
+    assert rec.ends == 1
     steps, log.ops = log.ops, []
     with log.Mode():
         assert op(a, b, out=c) is c
@@ -318,6 +373,35 @@ def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, con
     # the second GEMM comes after my copy (its event): no peer's flag is waited for on the main stream
     between = [o for o in fast[first + 1:second] if o[1] == MAIN]
     assert between == [(so.EVENT_WAIT, MAIN, "copied")]
+
+
+@pytest.mark.parametrize("protocol,W,rank,near", [("pull", 4, 1, {0, 1, 2, 3}), ("pull", 3, 2, {2}),
+                                                  ("push", 2, 1, {0, 1}), ("push", 3, 0, {0, 1, 2})])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_a_profiled_call_records_each_copy_stream_between_its_operations(fake_cuda, protocol, W, rank, near,
+                                                                          contiguous):
+    """A profiled call's records of the copies (tilescale.profiler.records.OpCall), made between the stream
+    operations it issues: a copy stream's ``copies_begin`` where its copies may start (pull: before its wait for the
+    peer's ``ready``; push: after its wait for the peer's ``freed`` and its reset), then a ``copy_done`` after each
+    chunk's ``arrived`` write, with the chunk's bytes; peers in the order the steps serve them."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, near, protocol=protocol)
+    a, b, c = _args(op, contiguous)
+    with log.Mode(), profiled(log) as rec:
+        op(a, b, out=c)
+    ops, nbytes, pull = log.ops, op.rows // op.chunks * op.K * 2, protocol == "pull"
+    want = []
+    for j, q in enumerate((rank + j) % W if pull else (rank - j) % W for j in range(1, W)):
+        h = op.streams[j if pull else 0].cuda_stream
+        if pull:
+            begin = next(i for i, o in enumerate(ops) if o[:4] == (so.WAIT_GEQ, h, op._ready_here[q], 1))
+            want.append((begin, "copies_begin", h, q, "from"))
+        else:
+            want.append((ops.index((so.WRITE, h, op._freed_here[q], 0, 0, 0)) + 1, "copies_begin", h, q, "to"))
+        for ch in range(op.chunks):
+            at = op._arrived_at[q * op.chunks + ch] if pull else op._arrived_on[q] + 8 * ch
+            want.append((ops.index((so.WRITE, h, at, 1, 0, 0)) + 1, "copy_done", h, q, ch, nbytes))
+    assert rec.records == sorted(want)
 
 
 @pytest.mark.parametrize("W,rank,near", [(4, 1, {0, 1, 2, 3}), (4, 2, {2, 3}), (2, 1, {0, 1})])
@@ -397,8 +481,8 @@ def test_every_stream_wait_is_watched_under_its_label(fake_cuda, contiguous):
     with log.Mode():
         op(a, b, out=c)
     fast, log.ops = log.ops, []
-    with log.Mode():
-        op._call_steps(a, b, c, None)
+    with log.Mode(), profiled(log):
+        op(a, b, out=c)
     assert [o for o in log.ops if o[0] == so.WAIT_GEQ] == [o for o in fast if o[0] == so.WAIT_GEQ]
     slots = {t.address(i): (t, w) for p in (op._first, op._local_head, op._local_tail) if p.table is not None
              for t in [p.table] for i, w in enumerate(t.waits)}
@@ -418,35 +502,41 @@ def test_every_stream_wait_is_watched_under_its_label(fake_cuda, contiguous):
     log.ops = []
     with log.Mode():
         unbounded(a, b, out=c)
-        unbounded._call_steps(a, b, c, None)
+        with profiled(log):
+            unbounded(a, b, out=c)
     assert [o[4] for o in log.ops if o[0] == so.WAIT_GEQ] == [0] * 4 * (W - 1)
 
 
 def test_a_failed_stream_operation_raises_alike_on_both_paths(fake_cuda):
-    """A stream wait or write the driver refuses raises RuntimeError naming the op, the operation (a wait: its flag
-    and the rank that sets it) and the CUresult, in the fast path (one shim call for the program) and in the
-    profiled steps (one shim call each), which checked no status before."""
+    """A stream wait or write the driver refuses raises RuntimeError naming the op, the operation's index in its
+    program, the operation (a wait: its flag and the rank that sets it) and the CUresult; a profiled call, which
+    issues the program in pieces, names the same (the index in the whole program)."""
     log = fake_cuda
     op = _ag_gemm(log, 2, 0, {0, 1})
     a, b, c = _args(op)
-    waits = r"stream wait \(>=\) for AGGemm's flag ready\[1\] \(set by rank 1\) on stream .*: CUresult 700"
     program = op._stream_ops
 
-    def refuses_waits(streams_at, ops_at, n, failed_at):
-        kinds = [o[0] for o in _decode(streams_at, ops_at, n)]
-        ctypes.c_int.from_address(failed_at).value = kinds.index(so.WAIT_GEQ)
-        return 700
-    op._stream_ops = refuses_waits
-    with pytest.raises(RuntimeError, match=r"^AGGemm: op \d+ of \d+ failed: " + waits):
-        op(a, b, out=c)
-    op._stream_ops = program
-    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 700
-    with pytest.raises(RuntimeError, match=r"^AGGemm: " + waits):
-        op._call_steps(a, b, c, None)
-    op.rt.shim.ts_stream_wait_geq_u64 = lambda *args: 0
-    op.rt.shim.ts_stream_write_u64 = lambda s, at, v: 1 if v == 1 else 0     # the flags' sets (1) fail
-    with pytest.raises(RuntimeError, match=r"^AGGemm: stream write on stream .*, b=0x1, .*: CUresult 1$"):
-        op._call_steps(a, b, c, None)
+    def refusing(kind, value):     # the shim, refusing the first op of `kind` (and value `value`) it is given
+        def shim(streams_at, ops_at, n, failed_at):
+            bad = [i for i, o in enumerate(_decode(streams_at, ops_at, n)) if o[0] == kind and value in (None, o[3])]
+            if not bad:
+                return program(streams_at, ops_at, n, failed_at)
+            ctypes.c_int.from_address(failed_at).value = bad[0]
+            return 700
+        return shim
+
+    for kind, value, what in ((so.WAIT_GEQ, None, r"stream wait \(>=\) for AGGemm's flag ready\[1\] \(set by rank 1\) "
+                                                   r"on stream 1 \(.*\)"),
+                              (so.WRITE, 1, r"stream write on stream 1 \(a=0x[0-9a-f]+, b=0x1, .*\)")):
+        op._stream_ops = refusing(kind, value)
+        with pytest.raises(RuntimeError) as fast:
+            op(a, b, out=c)
+        assert re.fullmatch(r"AGGemm: op (\d+) of \d+ failed: " + what + ": CUresult 700", str(fast.value)), fast.value
+        with profiled(log), pytest.raises(RuntimeError) as steps:
+            op(a, b, out=c)
+        assert str(steps.value) == str(fast.value)
+    # the first chunk's arrived (after the start, the copy stream's event wait, ready's wait and reset, the copy)
+    assert re.search(r"op 5 of \d+ failed", str(fast.value))
 
 
 def test_pulls_that_need_an_sm_are_from_my_gpu_or_unmapped_peers():
@@ -509,7 +599,7 @@ def test_world_size_one_copies_a_misaligned_a_local(fake_cuda):
     assert gemm[2] != a.data_ptr() and not gemm[2] & 15
 
 
-def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_cuda):
+def test_without_the_direct_entry_the_gemms_launch_through_tilelang(fake_cuda):
     log = fake_cuda
     op = _ag_gemm(log, 3, 0, {0, 1, 2}, direct=False)
     a, b, c = _args(op)
@@ -517,12 +607,6 @@ def test_without_the_direct_entry_or_the_shim_program_the_call_still_runs(fake_c
     gemm = [o for o in log.ops if o[0] == "GEMM"]
     assert gemm == [("GEMM", MAIN, a.data_ptr(), b.data_ptr(), c.data_ptr()),
                     ("GEMM", MAIN, op.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), op.arrived.data_ptr())]
-    log.ops = []
-    old = _ag_gemm(log, 3, 0, {0, 1, 2}, with_ops=False)     # a shim without ts_stream_ops: the steps
-    assert old._stream_ops is None
-    with log.Mode():
-        old(a, b, out=c)
-    assert [o[0] for o in log.ops].count(so.COPY) == 1 + 2 * old.chunks
 
 
 def test_a_new_output_when_out_is_none(fake_cuda):

@@ -220,7 +220,7 @@ def test_ag_gemm_peer_fault_ends_every_other_rank(fault, nranks, placement):
     # a stream wait of AG+GEMM's protocol (pull: ready / freed; push: freed), or its second GEMM's wait for a chunk
     # (push: rank 1's copies bring them; pull: a copy stream, whose pending wait the record then names too)
     stream_wait = re.search(r"AGGemm's stream wait for flag (ready|freed)\[1\] \(set by rank 1\)", out)
-    chunk_wait = re.search(r"T\.wait_until at \S*allgather_gemm\.py:\d+ gave up.*The wait: T\.wait_until\(arrived\[",
+    chunk_wait = re.search(r"T\.wait_until at \S*ag_gemm_kernel\.py:\d+ gave up.*The wait: T\.wait_until\(arrived\[",
                            out)
     assert stream_wait or chunk_wait, out[-5000:]
 

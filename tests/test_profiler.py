@@ -936,7 +936,7 @@ def _normalised(src: str) -> str:
 
     # wait-site ids hash the kernel's file:line, which moves with any edit above the wait
     for site, loc in WAIT_SITES.items():
-        if os.path.basename(loc.rpartition(":")[0]) == "allgather_gemm.py":
+        if os.path.basename(loc.rpartition(":")[0]) == "ag_gemm_kernel.py":
             src = re.sub(rf"\b{site}\b", "<site>", src)
     return src
 

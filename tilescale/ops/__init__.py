@@ -16,6 +16,11 @@ collectives                         ``all_reduce``, ``reduce_scatter_tensor``, `
                                     ``broadcast``... (:func:`tilescale.ops.registry.collectives`)
 ==================================  ===============================================================
 
+The fused ops have parts of their own, which export nothing: ``allgather_gemm`` with ``ag_gemm_kernel``,
+``ag_gemm_pull`` and ``ag_gemm_push`` (its kernel and its two protocols); ``gemm_reduce_scatter`` with
+``gemm_rs_push``, ``gemm_rs_pull`` (its two paths' kernels and protocols) and ``gemm_rs_path`` (which path a job
+takes).
+
 A module's name differs from the function it exports, so that both are reachable:
 ``tilescale.ops.broadcast`` is the function, ``tilescale.ops.broadcast_from_root`` its module;
 ``tilescale.ops.ag_gemm`` / ``allgather_gemm``, ``tilescale.ops.gemm_rs`` / ``gemm_reduce_scatter``.

@@ -7,266 +7,51 @@ torch equivalent (A_local: (M/W, K) on each rank, B: (K, N) local)::
 
 How it overlaps: communication starts when the call starts and runs beside the GEMM. The GEMM starts at once on
 this rank's own rows, read where they are (`a_local`); a second launch of the GEMM computes the other ranks' rows
-in the order they arrive (rank+1's first, then rank+2's, ...), each tile waiting only for its chunk of rows. Two
-protocols move the rows, chosen by topology (:func:`protocol_for`). At world size 1 the call is the first GEMM
-alone, on `a_local`.
+in the order they arrive (rank+1's first, then rank+2's, ...), each tile waiting only for its chunk of rows. At world
+size 1 the call is the first GEMM alone, on `a_local`. Two protocols move the rows, chosen by topology
+(:func:`protocol_for`), each with its flags and numbered steps in its module:
 
-Push (two ranks on two GPUs of this node: every copy runs on a copy engine, no SM is taken from the GEMM).
-Flags: ``arrived[q, chunk]`` (symmetric, here): rank q's chunk is in my ``A_full``; ``freed[q]`` (symmetric,
-here): rank q has read my rows of its ``A_full`` of the last call and zeroed its ``arrived`` (1 before the first
-call). Each is set to 1 by its one writer and reset by its one reader.
+- push (:mod:`.ag_gemm_push`): two ranks on two GPUs of this node; each rank's copy engine pushes its rows into the
+  peer's gathered buffer, chunk by chunk, each chunk followed by a flag that the peer's second GEMM waits for;
+- pull (:mod:`.ag_gemm_pull`): a peer on this rank's GPU or on another node, or more than two ranks; each rank
+  copies its rows into its slot of the gathered buffer and pulls the other ranks' slots, one peer after another.
 
-1. main stream: an event ``start`` (after the work enqueued before the call);
-2. the copy stream, from ``start``, for dst = rank-1, rank-2, ... (dst reads my rows first when I am its rank+1):
-   wait until ``freed[dst] >= 1``, set it to 0;
-3. for each chunk of my rows: a copy-engine copy from `a_local` into dst's ``A_full`` through its mapping, then a
-   stream write ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
-4. main stream: the GEMM of my own rows from `a_local`;
-5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
-   ``arrived[src, chunk] >= 1`` (acquire, system scope);
-6. main stream: wait for ``pushed`` (the call ends after its reads of `a_local`), zero ``arrived``, then
-   ``freed[me] = 1`` on every peer.
-
-My rows are not copied into my own ``A_full`` by the call (a copy within one GPU needs SMs): ``gathered()`` copies
-them in when asked. A non-contiguous (or not 16-byte aligned) `a_local` is copied into my rows of ``A_full`` by
-torch on the main stream first and pushed from there. Unlike pulling (below), no copy kernel of my rows competes
-with the first GEMM for SMs before the peers may read them.
-
-Pull (a peer shares this rank's GPU, or is on another node). This rank's shard is copied into its slot of the
-symmetric gathered buffer (``A_full``), where peers pull it from, and the copy engines pull the other shards over
-NVLink one peer after another (rank+1, rank+2, ...). A rank of another node (``TILESCALE_NODE_SIZE`` included, per
-:func:`tilescale.topology.current`) has no peer view: its chunks come by NVSHMEM's on-stream get
-(``nvshmemx_getmem_on_stream``).
-
-Signal protocol of a pull call. Flags are set to 1 by their one writer and reset to 0 by their one reader, so no
-value depends on a count kept on the host: a call captured in a CUDA graph replays correctly, and replays and
-eager calls may be interleaved. No barrier, and no flag that needs an SM: stream memory operations
-(``cuStreamWaitValue64`` / ``cuStreamWriteValue64``), on a peer's flag through its mapping, or NVSHMEM's on-stream
-signal (an add) for a rank of another node. ``ready[q]`` (symmetric, here): rank q's slot of its ``A_full``
-holds its shard of this call; ``freed[q]`` (symmetric, here): rank q has pulled my slot of the last call (1 before
-the first call); ``arrived[q, chunk]`` (local): that chunk is here. An event ``start`` on the main stream marks
-the call's start (after the work enqueued before it).
-
-1. main stream: the GEMM of my own rows, ``C[my rows] = a_local @ B`` (TMA loads from `a_local` itself);
-2. local stream, from ``start``: for every peer q, wait until ``freed[q] >= 1`` (q is done reading my slot), set
-   it to 0; copy a_local into my slot of ``A_full``, then set ``ready[me] = 1`` on every peer; then an event
-   (``copied``);
-3. main stream, after 1: wait for ``copied``: the copy is a copy kernel (a copy within one GPU takes SMs), which
-   peers wait for, so it must not be left behind the second GEMM's waiting tiles;
-4. copy stream j (one per peer src = rank + 1 + j), from ``start`` and, for j > 0, once stream j - 1 has pulled
-   (its event ``pulled``): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's shard a pull from
-   src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get from another node), then
-   a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); record ``pulled``; last, ``freed[me] = 1``
-   on src. A pull that needs an SM must end before step 5 (:func:`pulls_needing_sms`; step 3 also waits for its
-   copy stream's join event): from a src on this rank's own GPU (ranks sharing one: a copy kernel), or from one
-   NVSHMEM has no mapping to (its on-stream get launches a one-thread proxy kernel). Were such a copy still to
-   come, the second GEMM's waiting tiles could hold every SM and it would never start;
-5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
-   ``arrived[src, chunk] >= 1`` (acquire, system scope), then loads them with TMA;
-6. main stream: joins the copy streams and the local stream, then zeroes ``arrived`` (the next call's copy
-   streams start after its ``start``, so after this).
-
-Each flag's set and reset alternate: my reset of ``ready[src]`` (4) precedes my ``freed`` signal to src, which
-src's next set of ``ready[src]`` waits for (its 2); my reset of ``freed[q]`` (2) precedes my ``ready`` signal to
-q, which q's next reset of ``ready[me]`` waits for (its 4).
-
-How the host issues a call: the ``start`` event, step 4 and step 2 are one program of stream operations
-(:mod:`.stream_ops`, built once by ``AGGemm._plan``, each operation on its stream), issued by one call of the
-runtime shim; then the first GEMM (1, through the kernel's C entry point); step 3 (a second program); the second
-GEMM (5); step 6 (a third program). A non-contiguous (or not 16-byte aligned) `a_local` is copied into my slot by
-torch on the main stream first (after step 2's waits), and the first GEMM reads it there; a profiled call issues
-the same steps one by one from Python.
+The kernel (both GEMMs), its grids and the kernels an op compiles are in :mod:`.ag_gemm_kernel`. A call is one path,
+:meth:`AGGemm.__call__`: the protocol's programs of stream operations (:mod:`.stream_ops`, built once, each issued by
+one call of the runtime shim) around the two GEMMs (launched through the kernel's C entry point). A profiled call takes
+the same path with two differences (``_Profiled``): each program is issued in pieces, the profiler recording the
+copies between them where the program marks them, and the GEMMs are launched through the profiler.
 """
-
-import tilescale
-import tilescale.language as T
-
 from ..profiler import session as profiling
-from ..profiler.device_timeline import TILE_WORDS
 from . import checks, op_cache, vectors
 from . import stream_ops as so
-from .base import Op
-from .gemm import (
-    GemmConfig,
-    SplitPlan,
-    check_problem,
-    padded_rows,
-    problem_config,
-    split_block,
-    split_buffers,
-    split_plan,
-    split_tile_loop,
-    split_workspace,
-    tile_buffers,
-    tile_loop,
-    tile_order,
+from .ag_gemm_kernel import (  # noqa: F401  (re-exported)
+    PULL_MAX_CHUNKS,
+    PULL_MIN_BYTES,
+    ag_gemm_kernel,
+    grid_plan,
+    kernel_plan,
+    kernels,
+    pull_chunks,
 )
+from .ag_gemm_pull import PullProtocol, pulls_needing_sms
+from .ag_gemm_push import PushProtocol
+from .base import Op
+from .gemm import GemmConfig, check_problem, padded_rows, split_workspace
 
 __all__ = ["AGGemm", "ag_gemm"]
 
 
-@T.macro
-def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, *, M: int, W: int, chunks: int,
-             stages: int, threads: int, profile: bool, own: bool):
-    """One block of :func:`ag_gemm_kernel`: the tile (`by`: row of the kernel's grid, `bx`: column), its chunk's
-    wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `split`: None (the whole tile), or (work, arrived, fixed,
-    tile, slice, first K tile, K tiles, plan) of a split grid (tilescale.ops.gemm.split_tile_loop)."""
-    block_m = As.shape[0]
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
-    rows_per_chunk = (M // W) // chunks
-    me = T.get_rank()
-    if own:
-        rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
-        src, chunk = me, by * block_m // rows_per_chunk
-    else:
-        rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...: pull order
-        src = rb // tiles_per_rank
-        chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
-    if profile:
-        if T.get_thread_binding() == 0:
-            prof[slot * TILE_WORDS] = T.timestamp()
-    if not own:
-        T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
-    if profile:
-        if T.get_thread_binding() == 0:
-            prof[slot * TILE_WORDS + 1] = T.timestamp()
-            for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
-                prof[slot * TILE_WORDS + 3 + i] = T.cast(v, "uint64")
-    if split is None:
-        tile_loop(A, B, C, As, Bs, Cl, Cs, by if own else rb, bx, stages, False, c_rb=rb)
-    else:
-        work, tail_arrived, tail_fixed, t, s, k0, kn, plan = split
-        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, by if own else rb, bx, t, s, k0, kn,
-                        plan, stages, threads // 32, c_rb=rb)
-    if profile:
-        if T.get_thread_binding() == 0:
-            prof[slot * TILE_WORDS + 2] = T.timestamp()
-
-
-def grid_plan(M: int, N: int, K: int, world_size: int, block_m: int, block_n: int, block_k: int, sms: int,
-              own: bool) -> SplitPlan:
-    """The :class:`~tilescale.ops.gemm.SplitPlan` of one of :class:`AGGemm`'s GEMMs (`own`: its own rows) on `sms`
-    SMs; ``sms=0``: no split (the plain 2-D grid)."""
-    tiles_n = -(-N // block_n)
-    rows = M // world_size if own else M - M // world_size
-    tiles = rows // block_m * tiles_n
-    if sms <= 0:
-        return SplitPlan(tiles, tiles, 1)
-    return split_plan(tiles, sms, -(-K // block_k))
-
-
-@tilescale.jit
-def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
-                   block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                   swizzle: int = 10, profile: bool = False, own: bool = False, sms: int = 0):
-    """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (M x N):
-
-    - `own`: this rank's rows, ``C[me * rows:(me + 1) * rows] = A @ B`` with `A` its shard (M / W rows) as the
-      caller gave it; nothing is waited for (step 1 of the module docstring);
-    - else: the other ranks' rows, in the order they arrive (rank+1's, rank+2's, ...), `A` the gathered buffer (M
-      rows); a tile first waits for its chunk's ``arrived`` flag (step 5). Its parameters are (A, B, C, arrived).
-
-    `sms` (the GPU's SM count; 0: never): when :func:`grid_plan` splits the last wave's tiles along K
-    (tilescale.ops.gemm.split_tile_loop), the grid is 1-D in the same tile order and the kernel takes three more
-    parameters, ``work, tail_arrived, tail_fixed`` (tilescale.ops.gemm.split_workspace), before `prof`.
-
-    `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per block of the grid) where thread 0 of
-    each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
-    and end timestamps, SM, source rank, chunk, row and column tile); `profile=False` generates the same
-    code as a kernel without the option (tests/test_profiler.py checks it against a snapshot)."""
-    W = world_size
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
-    tiles_n = (N + block_n - 1) // block_n
-    grid_m = tiles_per_rank if own else tiles_m - tiles_per_rank
-    plan = grid_plan(M, N, K, W, block_m, block_n, block_k, sms, own)
-    k_tiles = -(-K // block_k)
-    split = plan.split > 1
-    Work, TailArrived, TailFixed = split_buffers(plan, block_m, block_n) if split else (None, None, None)
-    Prof = T.Tensor((plan.blocks * TILE_WORDS,), "uint64") if profile else None
-    Arrived = None if own else T.Tensor((W * chunks,), "uint64")
-    opts = dict(M=M, W=W, chunks=chunks, stages=stages, threads=threads, profile=profile, own=own)
-
-    @T.prim_func
-    def ag_gemm(A: T.Tensor((M // W if own else M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: Arrived, work: Work, tail_arrived: TailArrived, tail_fixed: TailFixed, prof: Prof):
-        if split:
-            with T.Kernel(plan.blocks, threads=threads) as b:
-                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, 0)
-                t, s, k0, kn = split_block(b, plan, k_tiles)
-                by, bx = tile_order(t, grid_m, tiles_n, swizzle)
-                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, b,
-                         (work, tail_arrived, tail_fixed, t, s, k0, kn, plan), **opts)
-        else:
-            with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
-                As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, by * tiles_n + bx, None, **opts)
-
-    return ag_gemm
-
-
-def pulls_needing_sms(world_size: int, rank: int, same_gpu, mapped) -> list[bool]:
-    """Per rank p, whether this rank's pull of p's shard needs an SM (step 4 of the module docstring), so that it must
-    end before the second GEMM's tiles, which wait for it, take every SM: p on this rank's GPU (``same_gpu(p)``: a copy
-    within one GPU is a copy kernel), or p not mapped here (``mapped(p)`` False: NVSHMEM's on-stream get from a peer
-    without a load/store mapping launches a one-thread proxy kernel, NVSHMEM's ``nvshmemi_proxy_rma_launcher``). A
-    mapped peer on another GPU is pulled by a copy engine. False for `rank` itself."""
-    return [p != rank and (same_gpu(p) or not mapped(p)) for p in range(world_size)]
-
-
 def protocol_for(world_size: int, rank: int, near, same_gpu) -> str:
     """"push" for two ranks on two GPUs of this node (``near[p]``: mapped here; ``same_gpu(p)``: on this rank's GPU),
-    where every copy runs on a copy engine; else "pull" (module docstring). Not yet at 3 or more ranks: on 4
+    where every copy runs on a copy engine; else "pull" (:mod:`.ag_gemm_pull`). Not yet at 3 or more ranks: on 4
     distinct H200s a rank's second push never reached its peer, whose second GEMM waited until
     TILESCALE_WAIT_TIMEOUT_S (docs/ag-gemm-overlap.md)."""
     others = [p for p in range(world_size) if p != rank]
     return "push" if world_size == 2 and all(near[p] and not same_gpu(p) for p in others) else "pull"
 
 
-PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up to half the speed of 16 MiB ones
-PULL_MAX_CHUNKS = 4
-
-
-def pull_chunks(shard_bytes: int) -> int:
-    """How many copies pull one peer's shard (step 4; before rounding down to a divisor of its row tiles): as
-    many as keep each copy at least ``PULL_MIN_BYTES``, at most ``PULL_MAX_CHUNKS``, at least one. More chunks let
-    the second GEMM start on a shard's first rows sooner; on 4 x H200, 3 x 16 MiB pulled in 4 MiB copies took up to
-    twice as long as in whole-shard copies, and AG+GEMM at 2048-8192 rows ran 15-40% faster with one copy per
-    shard, 16384 rows (four 16 MiB copies) 4% faster than with one."""
-    return max(1, min(PULL_MAX_CHUNKS, shard_bytes // PULL_MIN_BYTES))
-
-
-def kernel_plan(args: tuple) -> SplitPlan:
-    """The :func:`grid_plan` of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them)."""
-    bound = ag_gemm_kernel.signature.bind(*args)
-    bound.apply_defaults()
-    a = bound.arguments
-    return grid_plan(a["M"], a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], a["sms"],
-                     a["own"])
-
-
-def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
-            config: GemmConfig | None = None, sms: int = 132) -> list:
-    """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
-    then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (either GEMM may split its
-    last wave: :func:`grid_plan`, tests/gpu/ag_gemm_split_main.py); `chunks` (None: :func:`pull_chunks`) rounded
-    down to a divisor of the row tiles of a shard."""
-    cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
-    tiles_per_rank = M // world_size // cfg.block_m
-    if not chunks:
-        import torch
-
-        chunks = pull_chunks(M // world_size * K * vectors.element_size(getattr(torch, dtype)))
-    while tiles_per_rank % chunks:
-        chunks -= 1
-    args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
-            cfg.swizzle, False)
-    parts = (True, False) if world_size > 1 else (True,)
-    return [(ag_gemm_kernel, (*args, own, sms)) for own in parts]
-
-
-class AGGemm(Op):
+class AGGemm(PullProtocol, PushProtocol, Op):
     """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
 
     `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
@@ -274,11 +59,12 @@ class AGGemm(Op):
     table, tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
     (small M); ``op.fused`` says which path the op takes. `profile` (default
     TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel timestamps, used while a
-    tilescale.profiler session records WAIT/TILE events.
+    tilescale.profiler session records WAIT/TILE events. Each protocol's programs are built by its part of the class
+    (:class:`~tilescale.ops.ag_gemm_pull.PullProtocol`, :class:`~tilescale.ops.ag_gemm_push.PushProtocol`).
     """
 
     NAME, KERNEL = "AGGemm", "ag_gemm"
-    GRAPH_SAFE = True     # flags set and reset on the device (module docstring): no per-call host state
+    GRAPH_SAFE = True     # flags set and reset on the device (either protocol): no per-call host state
 
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
                  profile: bool | None = None, fused: bool | None = None):
@@ -376,7 +162,7 @@ class AGGemm(Op):
             e.record(main)
         main.synchronize()
         self._slot_stale = False    # push: my rows of A_full not copied in by the last call (gathered() does it)
-        self._stream_ops = getattr(self.rt.shim, "ts_stream_ops", None)
+        self._stream_ops = self.rt.shim.ts_stream_ops
         if self.protocol == "push":
             self._plan_push()
             return
@@ -386,124 +172,6 @@ class AGGemm(Op):
                    events=dict(start=self._start.cuda_event, copied=self._copied.cuda_event),
                    joins=[e.cuda_event for e in self._joins], pulled=[e.cuda_event for e in self._pulled],
                    arrived=self.arrived.data_ptr(), arrived_bytes=self.arrived.nbytes)
-
-    def _plan_push(self) -> None:
-        """The push protocol's programs (module docstring, "Push"): ``_first`` (the call's start, then steps 2-3 on
-        the copy stream; the source of each copy, ``_push_at[i]``, set per call to the call's rows) and
-        ``_post`` (step 6)."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
-        step_bytes = rows // chunks * self.K * self.a_full.element_size()
-        row_bytes = self.K * self.a_full.element_size()
-        first = so.Program([s.cuda_stream for s in self.streams])
-        first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
-        first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
-        pushes = []               # (op index, byte offset in the call's rows)
-        for j in range(1, W):                                                                # 2, 3
-            dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
-            first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1, label=_label("freed", dst))
-            first.add(so.WRITE, self._freed_here[dst], 0, stream=1)
-            at = self._peers[dst].data_ptr() + r * rows * row_bytes
-            for ch in range(chunks):
-                i = first.add(so.COPY, at + ch * step_bytes, 0, step_bytes, stream=1)
-                pushes.append((i, ch * step_bytes))
-                first.add(so.WRITE, self._arrived_on[dst] + 8 * ch, 1, stream=1)
-        first.add(so.EVENT_RECORD, self._joins[0].cuda_event, stream=1)
-        post = so.Program([s.cuda_stream for s in self.streams])
-        post.add(so.EVENT_WAIT, self._joins[0].cuda_event)                                   # 6
-        post.add(so.ZERO, self.arrived.data_ptr(), 0, self.arrived.nbytes)
-        for q in range(W):
-            if q != r:
-                post.add(so.WRITE, self._flag_at["freed"][q], 1)
-        self._first, self._post = first.seal(), post.seal()
-        self._push_at = [(first.array[i], off) for i, off in pushes]   # views into the program, set per call
-
-    def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
-              pulled: list, arrived: int, arrived_bytes: int) -> None:
-        """The host steps of a call (module docstring) as programs of stream operations, issued by one shim call
-        each (:mod:`.stream_ops`; stream 0: the caller's current stream, stream j: ``self.streams[j - 1]``: a copy
-        stream per peer, then the local stream), in the order of the steps:
-        ``_first`` (the call's start, the pulls of 4 and the copy of 2, whose source is op ``_copy_at``, set per
-        call), or, when `a_local` is not contiguous, ``_local_head`` (2's waits, on the main stream), a torch copy,
-        ``_local_tail`` (the rest of 2, then what ``_first`` issues but 2); then the first GEMM (1); ``_pre``
-        (3); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node: the address of its
-        A_full; else None), `events` (start, copied), `joins`, `pulled`, `arrived`: raw addresses and handles."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
-        peers = [(r + j) % W for j in range(1, W)]
-        step = rows // chunks
-        local = W          # the local stream's index
-        ops = []
-
-        def add(kind, a, b=0, n=0, stream=0, pe=0, label=None):
-            ops.append((kind, a, b, n, stream, pe, label))
-
-        def signal(flag, pe, stream):     # my word of `flag` on rank pe := 1 (a stream write, or NVSHMEM's add)
-            if peer_at[pe] is not None:
-                add(so.WRITE, self._flag_at[flag][pe], 1, stream=stream)
-            else:
-                add(so.SIGNAL_ADD, self._flag_at[flag][pe], 1, stream=stream, pe=pe)
-
-        def local_steps(stream):                                                               # 2
-            for q in peers:
-                add(so.WAIT_GEQ, self._freed_here[q], 1, stream=stream, label=_label("freed", q))
-                add(so.WRITE, self._freed_here[q], 0, stream=stream)
-            head = len(ops)
-            add(so.COPY, a_full + r * rows * row_bytes, 0, rows * row_bytes, stream=stream)  # (source: a_local)
-            for q in peers:
-                signal("ready", q, stream)
-            add(so.EVENT_RECORD, events["copied"], stream=stream)
-            return head
-
-        def begin():               # the call's start; 4 on the copy streams from there
-            add(so.EVENT_RECORD, events["start"])
-            for j, src in enumerate(peers):                                                    # 4
-                s = j + 1
-                add(so.EVENT_WAIT, events["start"], stream=s)
-                if j:       # one peer after another: the pulls share the copy engines' bandwidth less
-                    add(so.EVENT_WAIT, pulled[j - 1], stream=s)
-                add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s, label=_label("ready", src))
-                add(so.WRITE, self._ready_here[src], 0, stream=s)
-                for ch in range(chunks):
-                    off = (src * rows + ch * step) * row_bytes
-                    if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
-                        add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
-                    else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
-                        add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
-                    add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
-                if j < W - 2:
-                    add(so.EVENT_RECORD, pulled[j], stream=s)
-                signal("freed", src, s)
-                if self._pull_first[src]:      # a pull that needs an SM: 3 waits for it
-                    add(so.EVENT_RECORD, joins[j], stream=s)
-
-        begin()
-        add(so.EVENT_WAIT, events["start"], stream=local)
-        head = local_steps(local)
-        first, ops = ops, []
-        head_main = local_steps(0)                     # the same on the main stream (a_local copied by torch)
-        local_head, local_tail, ops = ops[:head_main], ops[head_main + 1:], []
-        begin()
-        local_tail += ops
-        ops = []
-        add(so.EVENT_WAIT, events["copied"])                                                   # 3
-        for j, src in enumerate(peers):
-            if self._pull_first[src]:
-                add(so.EVENT_WAIT, joins[j])
-        pre = ops
-        post = []
-        for j in range(len(streams)):                                                          # 6
-            post += [(so.EVENT_RECORD, joins[j], 0, 0, j + 1, 0, None), (so.EVENT_WAIT, joins[j], 0, 0, 0, 0, None)]
-        post.append((so.ZERO, arrived, 0, arrived_bytes, 0, 0, None))
-
-        def program(rows_):
-            p = so.Program(streams)
-            for kind, a, b, n, stream, pe, label in rows_:
-                p.add(kind, a, b, n, stream=stream, pe=pe, label=label)
-            return p.seal()
-
-        self._first, self._local_head, self._local_tail = program(first), program(local_head), program(local_tail)
-        self._pre, self._post = program(pre), program(post)
-        self._copy_at = head
-        self._a_local_op = self._first.array[head]     # a view into the program: its source is set per call
 
     def gathered(self):
         """The gathered A of the last call: this op's buffer (the next call overwrites it); at world size 1, the
@@ -540,15 +208,6 @@ class AGGemm(Op):
                 None if out is None else (type(out), out.dtype, out.shape, out.device, out.is_contiguous(),
                                           out.data_ptr() & 15))
 
-    def _signal(self, stream, flag: str, pe: int) -> None:
-        """Set my word of `flag` (``ready`` / ``freed``) on rank `pe` to 1, ordered on `stream` (step 2 / 4)."""
-        h = self.rt.shim
-        if self._peers[pe] is not None:    # this node: a stream write through the mapping
-            so.check(h.ts_stream_write_u64(stream, self._flag_at[flag][pe], 1), "AGGemm", so.WRITE, stream,
-                     self._flag_at[flag][pe], 1)
-        else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
-            h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
-
     def _gemm_own(self, a, b, c, m) -> None:
         """Step 1: the GEMM of my rows, through its C entry point (raw pointers, the stream last) or tilelang."""
         direct = self._direct_own
@@ -570,23 +229,22 @@ class AGGemm(Op):
         m = self.begin(a_local, b, out)
         if not self.fused:
             return self._call_unfused(a_local, b, out)
+        via = self       # what launches the GEMMs and issues the programs: the op, or a profiled call's stand-ins
         if profiling.current is not None:
             rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K)
             if rec is not None:
-                return self._call_steps(a_local, b, out, rec)
+                via = _Profiled(self, rec)
         if out is None:
             import torch
 
             out = torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
         if self.world_size == 1:                        # 1 alone: nothing to gather
             self._last_a = a_local
-            self._gemm_own(_tma_ready(a_local), b, out, m)
+            via._gemm_own(_tma_ready(a_local), b, out, m)
             return out
-        fn = self._stream_ops
-        if fn is None:     # a shim without ts_stream_ops
-            return self._call_steps(a_local, b, out, None)
         if self.protocol == "push":
-            return self._call_push(fn, a_local, b, out, m)
+            return self._call_push(via, a_local, b, out, m)
+        fn = via._stream_ops
         if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 and 4 in one shim call; a_local an op
             self._a_local_op.b = a_local.data_ptr()
             self._first.run(fn, m, "AGGemm")
@@ -596,9 +254,9 @@ class AGGemm(Op):
             self._slot.copy_(a_local)
             self._local_tail.run(fn, m, "AGGemm")
             a = self._slot
-        self._gemm_own(a, b, out, m)                                                           # 1
+        via._gemm_own(a, b, out, m)                                                            # 1
         self._pre.run(fn, m, "AGGemm")                                                         # 3
-        self._gemm_peers(b, out, m)                                                            # 5
+        via._gemm_peers(b, out, m)                                                             # 5
         self._post.run(fn, m, "AGGemm")                                                        # 6
         return out
 
@@ -612,170 +270,34 @@ class AGGemm(Op):
         dist.all_gather_into_tensor(self._full, a_local.contiguous())
         return torch.matmul(self._full, b, out=out)
 
-    def _push_source(self, a_local):
-        """The rows a push call sends and its first GEMM reads: `a_local` itself when the copy engines and TMA can
-        read it (contiguous, 16-byte aligned; gathered() copies it into my rows of A_full later), else my rows of
-        A_full, filled from it by torch on the main stream first."""
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
-            self._last_a, self._slot_stale = a_local, True
-            return a_local
-        self._slot.copy_(a_local)
-        self._last_a, self._slot_stale = None, False
-        return self._slot
 
-    def _call_push(self, fn, a_local, b, out, m):
-        """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
-        a = self._push_source(a_local)
-        base = a.data_ptr()
-        for op, off in self._push_at:
-            op.b = base + off
-        self._first.run(fn, m, "AGGemm")                                                       # 1-3
-        self._gemm_own(a, b, out, m)                                                           # 4
-        self._gemm_peers(b, out, m)                                                            # 5
-        self._post.run(fn, m, "AGGemm")                                                        # 6
-        return out
+class _Profiled:
+    """A profiled call's stand-ins for what :class:`AGGemm` launches and issues itself (``_gemm_own``,
+    ``_gemm_peers``, ``_stream_ops``), which its call takes in their place (`rec`: the profiler's record of the
+    call): the GEMMs launched through the profiler (the kernels with timestamps where the op built them,
+    ``profile``; the last GEMM ends the record) and, at world size > 1, a stand-in for the shim's ``ts_stream_ops``
+    that issues each program in pieces, the profiler recording the copies where the program marks them
+    (:func:`.stream_ops.in_pieces`). The steps, their order and their streams are those of any call."""
 
-    def _call_steps(self, a_local, b, out, rec):
-        """A call step by step from Python (one torch / shim call per operation, the order of ``_plan``'s
-        programs): the profiled call (`rec`: the profiler's hooks between the copies and around the GEMMs)."""
-        import torch
+    def __init__(self, op: AGGemm, rec):
+        self.op, self.rec, self.prof = op, rec, op.kernels_prof or [None, None]
+        if op.world_size > 1:
+            streams = op.streams
 
-        main = torch.cuda.current_stream()
-        W, r, shim = self.world_size, self.rank, self.rt.shim
-        c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
-        direct = a_local.is_contiguous() and not a_local.data_ptr() & 15
+            def record(hook, stream, *args):   # a program's mark: copies_begin / copy_done on that copy stream
+                getattr(rec, hook)(streams[stream - 1], *args)
 
-        def gemm(kernel, prof, tiles, args, end):
-            if rec is None:
-                kernel.launch(*args)
-            else:  # LAUNCH (+ KERNEL, and WAIT/TILE from the instrumented kernel) events
-                rec.launcher(kernel, instrumented=prof, tiles=tiles, end=end)(*args)
+            self._stream_ops = so.in_pieces(op._stream_ops, op._programs, record)
 
-        prof = self.kernels_prof or [None, None]
-        if W == 1:                                                           # 1 alone
-            self._last_a = a_local
-            gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c, *self.tail[0]), True)
-            return c
-        if self.protocol == "push":
-            return self._push_steps(a_local, b, c, rec, gemm, prof)
-        a_full = self.a_full
-        peers = [(r + j) % W for j in range(1, W)]
-        local = self.streams[-1]
-        step = self.rows // self.chunks
+    def _gemm_own(self, a, b, c, m) -> None:
+        op = self.op
+        launch = self.rec.launcher(op.kernel_own, instrumented=self.prof[0], tiles=op.tiles[0], end=op.world_size == 1)
+        launch(a, b, c, *op.tail[0])
 
-        # the slots of the programs that the fast path would run (the same waits on the same streams): bounded alike
-        watch = {k: v for p in ((self._first,) if direct else (self._local_head, self._local_tail))
-                 for k, v in p.watches.items()}
-
-        def wait(h, flag, q, at):     # wait for my flag `flag` of rank q (at `at`) to be 1, then reset it
-            so.check(shim.ts_stream_wait_geq_u64(h, at, 1, watch.get(_label(flag, q))), "AGGemm", so.WAIT_GEQ, h,
-                     at, 1, label=_label(flag, q))
-            so.check(shim.ts_stream_write_u64(h, at, 0), "AGGemm", so.WRITE, h, at)
-
-        def local_steps(s2):                                                 # 2
-            h2 = s2.cuda_stream
-            for q in peers:
-                wait(h2, "freed", q, self._freed_here[q])
-            with torch.cuda.stream(s2):
-                self._slot.copy_(a_local)
-            for q in peers:
-                self._signal(h2, "ready", q)
-            self._copied.record(s2)
-
-        def begin():                                                         # 4
-            self._start.record(main)
-            for j, src in enumerate(peers):
-                s = self.streams[j]
-                s.wait_event(self._start)
-                if j:
-                    s.wait_event(self._pulled[j - 1])
-                h = s.cuda_stream
-                with torch.cuda.stream(s):
-                    if rec is not None:
-                        rec.copies_begin(s, src)
-                    wait(h, "ready", src, self._ready_here[src])
-                    lo, peer = src * self.rows, self._peers[src]
-                    for ch in range(self.chunks):
-                        rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                        if peer is not None:
-                            a_full[rows].copy_(peer[rows], non_blocking=True)
-                        else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
-                            chunk = a_full[rows]
-                            shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
-                        at = self._arrived_at[src * self.chunks + ch]
-                        so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
-                        if rec is not None:
-                            rec.copy_done(s, src, ch, a_full[rows].nbytes)
-                    if j < W - 2:
-                        self._pulled[j].record(s)
-                    self._signal(h, "freed", src)
-                if self._pull_first[src]:
-                    self._joins[j].record(s)
-
-        if direct:
-            begin()
-            local.wait_event(self._start)
-            local_steps(local)
-        else:
-            local_steps(main)
-            begin()
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c, *self.tail[0]),
-             False)                                                          # 1
-        main.wait_event(self._copied)                                        # 3
-        for j, src in enumerate(peers):
-            if self._pull_first[src]:
-                main.wait_event(self._joins[j])
-        gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
-        for j, s in enumerate(self.streams):                                 # 6
-            self._joins[j].record(s)
-            main.wait_event(self._joins[j])
-        self.arrived.zero_()
-        return c
-
-
-    def _push_steps(self, a_local, b, c, rec, gemm, prof):
-        """The push protocol's call step by step (:meth:`_call_steps`)."""
-        import torch
-
-        main, s, shim = torch.cuda.current_stream(), self.streams[0], self.rt.shim
-        W, r, rows = self.world_size, self.rank, self.rows
-        step = rows // self.chunks
-        a = self._push_source(a_local)
-        self._start.record(main)                                                            # 1
-        s.wait_event(self._start)
-        h = s.cuda_stream
-        for j in range(1, W):                                                               # 2, 3
-            dst = (r - j) % W
-            at = self._freed_here[dst]
-            so.check(shim.ts_stream_wait_geq_u64(h, at, 1, self._first.watches.get(_label("freed", dst))), "AGGemm",
-                     so.WAIT_GEQ, h, at, 1, label=_label("freed", dst))
-            so.check(shim.ts_stream_write_u64(h, at, 0), "AGGemm", so.WRITE, h, at)
-            with torch.cuda.stream(s):
-                if rec is not None:
-                    rec.copies_begin(s, dst, "to")
-                for ch in range(self.chunks):
-                    rows_ = slice(r * rows + ch * step, r * rows + (ch + 1) * step)
-                    self._peers[dst][rows_].copy_(a[ch * step:(ch + 1) * step], non_blocking=True)
-                    at = self._arrived_on[dst] + 8 * ch
-                    so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
-                    if rec is not None:
-                        rec.copy_done(s, dst, ch, step * self.K * a.element_size())
-        self._joins[0].record(s)
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a, b, c, *self.tail[0]), False)          # 4
-        gemm(self.kernel, prof[1], self.tiles[1], (self.a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
-        main.wait_event(self._joins[0])                                                     # 6
-        self.arrived.zero_()
-        for q in range(W):
-            if q != r:
-                at = self._flag_at["freed"][q]
-                so.check(shim.ts_stream_write_u64(main.cuda_stream, at, 1), "AGGemm", so.WRITE, main.cuda_stream, at, 1)
-        return c
-
-
-def _label(flag: str, q: int) -> tuple:
-    """The label of a stream wait for my flag `flag` (``ready`` / ``freed``) of rank `q`, which rank q sets: what the
-    record of a wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/runtime/stream_waits.py)."""
-    return ("AGGemm", f"{flag}[{q}]", q)
+    def _gemm_peers(self, b, c, m) -> None:
+        op = self.op
+        launch = self.rec.launcher(op.kernel, instrumented=self.prof[1], tiles=op.tiles[1], end=True)
+        launch(op.a_full, b, c, op.arrived, *op.tail[1])
 
 
 def _tma_ready(a):

@@ -10,7 +10,11 @@ same Python calls would be: the order of a protocol is the order of its program.
 Every stream wait is bounded: a ``WAIT_GEQ`` carries a label (op, flag, peer), and a sealed program gives each wait
 a slot of :mod:`tilescale.runtime.stream_waits` (in the op's `n` field, which a wait does not use otherwise; none when
 ``TILESCALE_WAIT_TIMEOUT_S`` is 0), where the shim counts the calls it issues and the GPU the calls that passed the
-wait. The runtime's watchdog names a wait that did not pass within the bound and stops the job."""
+wait. The runtime's watchdog names a wait that did not pass within the bound and stops the job.
+
+A program may carry marks between its ops (:meth:`Program.mark`): what a profiled call records there. Issued through
+:func:`in_pieces`, a program runs as the same ops in the same order, in one shim call per stretch between marks, with
+each mark handed to the caller in between (an op's profiled call records CUDA events on its copy streams there)."""
 import ctypes
 
 from ..runtime import stream_waits
@@ -34,8 +38,9 @@ class Program:
     """A list of ops to issue with one shim call: ``add(...)`` while building (returns the op's index), then
     ``seal()``; ``run(fn, main)`` issues them with `main` (a raw stream handle) as stream 0. `streams`: the raw
     handles of streams 1, 2, ... (the op's own streams). After ``seal``, ``array[i]`` is op i (a
-    :class:`StreamOp`: a field set there is what the next run issues), and ``watches`` maps each wait's label to
-    its slot (0: not watched), for the same wait issued alone (``ts_stream_wait_geq_u64``'s last argument)."""
+    :class:`StreamOp`: a field set there is what the next run issues), ``watches`` maps each wait's label to
+    its slot (0: not watched), and ``marks`` maps a position (the number of ops before it) to the marks made
+    there."""
 
     def __init__(self, streams=()):
         self.ops: list[tuple] = []
@@ -46,6 +51,7 @@ class Program:
         self.failed = ctypes.c_int(-1)
         self.watches: dict[tuple, int] = {}
         self.table = None
+        self.marks: dict[int, list[tuple]] = {}  # position -> [what]
 
     def add(self, kind: int, a: int, b: int = 0, n: int = 0, *, stream: int = 0, pe: int = 0,
             label: tuple | None = None) -> int:
@@ -62,6 +68,11 @@ class Program:
             self.labels[len(self.ops)] = stream_waits.check_label(label)
         self.ops.append((a, b, n, kind, stream, pe, 0))
         return len(self.ops) - 1
+
+    def mark(self, *what) -> None:
+        """Mark this point of the program, after the ops added so far, with `what` (:func:`in_pieces` hands it
+        on; a program run in one shim call issues nothing for it)."""
+        self.marks.setdefault(len(self.ops), []).append(what)
 
     def seal(self) -> "Program":
         """Pack the ops; give each wait its slot, bounded by ``TILESCALE_WAIT_TIMEOUT_S`` as it is now."""
@@ -103,6 +114,36 @@ class Program:
         return RuntimeError(f"{what}: op {i} of {self.n} failed: {desc}: {cause(rc)}")
 
 
+def in_pieces(fn, programs, on_mark):
+    """A stand-in for the shim's ``ts_stream_ops`` (`fn`) that :meth:`Program.run` of any of `programs` takes: it
+    issues the program's ops through `fn` in their order, one shim call per stretch between the program's marks,
+    and calls ``on_mark(*what)`` for each mark where it stands. A failed op is reported as by one call (its index
+    in the whole program)."""
+    by_array = {p.args[0]: p for p in programs}
+    size = ctypes.sizeof(StreamOp)
+
+    def run(streams_at, ops_at, n, failed_at):
+        marks, done = by_array[ops_at].marks, 0
+        for at in sorted({*marks, n}):
+            if at > done:
+                rc = fn(streams_at, ops_at + done * size, at - done, failed_at)
+                if rc:
+                    ctypes.c_int.from_address(failed_at).value += done
+                    return rc
+                done = at
+            for what in marks.get(at, ()):
+                on_mark(*what)
+        return 0
+
+    return run
+
+
+def wait_label(op: str, flag: str, q: int) -> tuple:
+    """The label of a stream wait of `op` for its flag `flag` of rank `q`, which rank q sets: what the record of a
+    wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/runtime/stream_waits.py)."""
+    return (op, f"{flag}[{q}]", q)
+
+
 def describe(kind: int, stream: str, a: int, b: int = 0, n: int = 0, pe: int = 0, label: tuple | None = None) -> str:
     """An op as its error names it (`label`: a wait's)."""
     what = KIND_NAMES.get(kind, kind)
@@ -114,11 +155,3 @@ def describe(kind: int, stream: str, a: int, b: int = 0, n: int = 0, pe: int = 0
 def cause(rc: int) -> str:
     """What the shim's status `rc` (a CUresult, or the shim's own -1 / -2) means."""
     return {-1: "a CUDA driver entry point is missing", -2: "unknown op kind"}.get(rc, f"CUresult {rc}")
-
-
-def check(rc, what: str, kind: int, stream: int, a: int, b: int = 0, n: int = 0, pe: int = 0,
-          label: tuple | None = None) -> None:
-    """An op issued alone by its shim function (a call step by step, as the profiled one): the error of
-    :meth:`Program.run` when the shim returned a status other than 0."""
-    if rc:
-        raise RuntimeError(f"{what}: {describe(kind, f'stream 0x{stream:x}', a, b, n, pe, label)}: {cause(rc)}")
