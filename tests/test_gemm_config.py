@@ -150,8 +150,10 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
                                           ("gemm_rs", 8192, 8192, 4096, [SMALL])])
     monkeypatch.setattr(gemm, "TUNING_FILE", t)
     own, peers = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))   # its two GEMMs: one config
-    assert own[6:] == (256, 128, 64, 3, 256, 4, False, True, 132)   # ..., profile, own, SMs (the last wave's split)
-    assert peers[6:] == (256, 128, 64, 3, 256, 4, False, False, 132)
+    assert own[5:13] == (256, 128, 64, 3, 256, 4, False, True)   # ..., profile, own, (split, tail: the last wave's)
+    assert peers[5:13] == (256, 128, 64, 3, 256, 4, False, False)
+    plan = ag_gemm.grid_plan(8192, 2048, 8192, 2, 256, 128, 64, 132, True)
+    assert own[13:] == ((plan.split, plan.tail) if plan.split > 1 else (1, 0))
     # the pull path (GEMM + reduction) follows the table's "gemm_rs" entries
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull"))
     assert g[5:] == (64, 256, 64, 4, 128, 0)
@@ -170,8 +172,10 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     for path in gemm_rs.PATHS:
         with pytest.raises(ValueError, match="config: .*block_n=192"):
             gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=N192, path=path)
-    with pytest.raises(ValueError, match="M: got 4096"):
-        ag_gemm.kernels(4096, 2048, 8192, 32, "bfloat16", config=BIG_M)
+    # AG+GEMM takes its rows at run time: 128 rows per rank run in 256-row tiles (half of one masked off)
+    assert _args(ag_gemm.kernels(4096, 2048, 8192, 32, "bfloat16", config=BIG_M))[0][5] == 256
+    with pytest.raises(ValueError, match="M: got 4097, expected a multiple of world_size = 32"):
+        ag_gemm.kernels(4097, 2048, 8192, 32, "bfloat16", config=BIG_M)
 
 
 # ------------------------------------------------------------------ the sweep (bench_gemm_configs.py)
@@ -407,7 +411,7 @@ def build_jobs() -> dict:
     b = _sweep()
     _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M, sms=0)   # the others' rows, 2-D
     split = (allgather_gemm.ag_gemm_kernel,                  # own rows at W = 2 (352 tiles), split on 132 SMs
-             (8192, 2752, 1024, 2, 4, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
+             (2752, 1024, 2, 0, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 3, 88))
     [push] = gemm_reduce_scatter.kernels(4096, 2048, 4096, 2, "bfloat16", config=SMALL, path="push")
     _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
@@ -460,20 +464,25 @@ def test_split_plan_splits_only_a_short_last_wave():
 
 
 def test_ag_gemm_splits_its_tail_in_the_kernel(gemm_builds):
-    """The split GEMM of AG+GEMM (own rows at W = 2): a 1-D grid of 264 whole tiles + 88 x 3 slices; slices count
-    their partial sums (release at GPU scope), the last slice waits for this call's count, stores, counts the call."""
+    """The split GEMM of AG+GEMM (own rows at W = 2): a 1-D grid of 264 whole tiles + 88 x 3 slices at the bound
+    (8192 rows; a call of fewer rows splits its last 88 tiles, or all it has); slices count their partial sums
+    (release at GPU scope), the last slice waits for this call's count, stores, counts the call."""
     from tilescale.ops import allgather_gemm as agm
 
     assert agm.grid_plan(8192, 2752, 1024, 2, 128, 256, 64, 132, True).blocks == 264 + 88 * 3   # the build below
-    assert [agm.kernel_plan(a).split for _, a in agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT)] == [3, 3]
-    assert [agm.kernel_plan(a).split for _, a in agm.kernels(8192, 2752, 1024, 4, "bfloat16", config=DEFAULT)] == [3, 1]
+    jobs = agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT)
+    assert [agm.kernel_plan(a, 8192).split for _, a in jobs] == [3, 3]
+    assert jobs[0][1] == (2752, 1024, 2, 0, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 3, 88)
+    assert [agm.kernel_plan(a, 8192).split for _, a in agm.kernels(8192, 2752, 1024, 4, "bfloat16", config=DEFAULT)] \
+        == [3, 1]
     [(_, ws1)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT)
-    assert agm.kernel_plan(ws1).blocks == 660 + 44 * 3
+    assert agm.kernel_plan(ws1, 8192).blocks == 660 + 44 * 3
+    assert agm.kernel_plan(ws1, 2048).blocks == 132 + 44 * 3 and agm.kernel_plan(ws1, 256).blocks == 22 * 3
     [(_, plain)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT, sms=0)
-    assert agm.kernel_plan(plain).split == 1
+    assert agm.kernel_plan(plain, 8192).split == 1
     src = gemm_builds["ag_gemm_split"].source
-    assert "rasterization2D" not in src and "660 <= ((int)blockIdx.x)" not in src
-    assert "(264 <= ((int)blockIdx.x))" in src                                  # the tail's blocks
+    assert "rasterization2D" not in src
+    assert "<= (((int)blockIdx.x) + 88))" in src          # the tail's blocks: the last 88 tiles of the call's rows
     assert "tilescale::release_stores<1" in src                                 # slices: counted at GPU scope
     wait = src.index("tilescale::wait_until<unsigned long long>((&(tail_arrived")
     assert src.index("tilescale::release_stores<1") < wait

@@ -142,9 +142,9 @@ def test_gemm_rs_kernels_count_calls_on_the_device(lowering):
 
 
 def test_ag_gemm_kernel_waits_for_flags_set_to_one(lowering):
-    """AG+GEMM's flags are set to 1 and reset (no call count at all): the GEMM has no scalar parameter and
-    its tiles of other ranks' rows wait for arrived >= 1."""
-    func = ag_gemm.ag_gemm_kernel.get_tir(1024, 512, 256, 2, 2)
+    """AG+GEMM's flags are set to 1 and reset (no call count at all): the GEMM has no scalar parameter (the rows are
+    sizes of its buffers) and its tiles of other ranks' rows wait for arrived >= 1."""
+    func = ag_gemm.ag_gemm_kernel.get_tir(512, 256, 2, 2)
     assert [p.name for p in func.params if p not in func.buffer_map] == []
     src = kernel_function(lower_source(func))
     assert "call_number" not in src

@@ -526,8 +526,29 @@ class FakeRuntime:
         return [obj] * self.info.world_size
 
 
+class FakeAGGemm:
+    """An AGGemm of a bound of rows per rank (a power of two, at least 128) taking any rows up to it, mirror world:
+    its gathered A is its buffer after a call of the bound's rows (the function returns a copy), else a copy."""
+
+    def __init__(self, M, N, K, dtype, *, config=None, split=True):
+        W = runtime.current().info.world_size
+        assert M % W == 0 and (M // W) & (M // W - 1) == 0 and M // W >= 128 and not split, (M, W, split)
+        self.M, self.W, self.a_full = M, W, torch.empty(M, K, dtype=dtype)
+        self.rows = self.m = M // W       # the bound of rows per rank, the last call's
+        self.fused = True
+
+    def __call__(self, a, b):
+        assert a.shape[0] <= self.rows
+        self.m = a.shape[0]
+        self.a_full[:self.W * self.m] = torch.cat([a] * self.W)
+        return self.a_full[:self.W * self.m] @ b
+
+    def gathered(self):
+        return self.a_full if self.m == self.rows else self.a_full[:self.W * self.m].clone()
+
+
 class FakeFused:
-    """An AGGemm / GemmRS of the padded shape (its checks: whole 128-row tiles per rank), mirror world."""
+    """A GemmRS of the padded shape (its checks: whole 128-row tiles per rank), mirror world."""
 
     def __init__(self, kind, M, N, K, dtype, W):
         assert (M // W) % 128 == 0, M
@@ -546,10 +567,11 @@ class FakeFused:
 
 
 @pytest.mark.parametrize("W,rows", [(2, 4100), (4, 100), (2, 256)])
-def test_ag_gemm_and_gemm_rs_pad_row_tails(monkeypatch, W, rows):
+def test_ag_gemm_takes_any_rows_and_gemm_rs_pads_row_tails(monkeypatch, W, rows):
     monkeypatch.setattr(runtime, "current", lambda: FakeRuntime(W))
     monkeypatch.setattr(checks, "this_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(ag_gemm_mod, "_cached", lambda *k: FakeFused("ag", *k))
+    monkeypatch.setattr(ag_gemm_mod, "AGGemm", FakeAGGemm)
+    ag_gemm_mod._cached.cache_clear()
     monkeypatch.setattr(gemm_rs_mod, "_cached", lambda *k: FakeFused("rs", *k))
     bf = torch.bfloat16
     a, b = randn(rows, 64, seed=1, dtype=bf), randn(64, 32, seed=2, dtype=bf)
@@ -557,6 +579,9 @@ def test_ag_gemm_and_gemm_rs_pad_row_tails(monkeypatch, W, rows):
     assert c.shape == (W * rows, 32) and af.shape == (W * rows, 64)
     torch.testing.assert_close(c, torch.cat([a] * W) @ b)
     torch.testing.assert_close(af, torch.cat([a] * W))
+    [op] = ag_gemm_mod._cached.entries.values()
+    assert af.data_ptr() != op.a_full.data_ptr()             # a copy: the op's buffer is the next call's
+    ag_gemm_mod._cached.cache_clear()
     x = randn(W * rows, 64, seed=3, dtype=bf)
     y = gemm_rs_mod.gemm_rs(x, b)
     assert y.shape == (rows, 32)

@@ -19,8 +19,9 @@ call). Each is set to 1 by its one writer and reset by its one reader.
 1. main stream: an event ``start`` (after the work enqueued before the call);
 2. the copy stream, from ``start``, for dst = rank-1, rank-2, ... (dst reads my rows first when I am its rank+1):
    wait until ``freed[dst] >= 1``, set it to 0;
-3. for each chunk of my rows: a copy-engine copy from `a_local` into dst's ``A_full`` through its mapping, then a
-   stream write ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
+3. for each chunk of my rows (:meth:`AGGemm.chunk_rows` of the call's rows): a copy-engine copy from `a_local` into
+   dst's ``A_full`` through its mapping (none for a chunk past the call's rows), then a stream write
+   ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
 4. main stream: the GEMM of my own rows from `a_local`;
 5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
    ``arrived[src, chunk] >= 1`` (acquire, system scope);
@@ -78,6 +79,8 @@ torch on the main stream first (after step 2's waits), and the first GEMM reads 
 the same steps one by one from Python.
 """
 
+from tilelang import tvm
+
 import tilescale
 import tilescale.language as T
 
@@ -89,8 +92,8 @@ from .base import Op
 from .gemm import (
     GemmConfig,
     SplitPlan,
+    cached_op,
     check_problem,
-    padded_rows,
     problem_config,
     split_block,
     split_buffers,
@@ -106,102 +109,126 @@ __all__ = ["AGGemm", "ag_gemm"]
 
 
 @T.macro
-def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, *, M: int, W: int, chunks: int,
+def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, m, *, W: int, chunks: int, elem: int,
              stages: int, threads: int, profile: bool, own: bool):
     """One block of :func:`ag_gemm_kernel`: the tile (`by`: row of the kernel's grid, `bx`: column), its chunk's
-    wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `split`: None (the whole tile), or (work, arrived, fixed,
-    tile, slice, first K tile, K tiles, plan) of a split grid (tilescale.ops.gemm.split_tile_loop)."""
+    wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `m`: the call's rows per rank; `split`: None (the whole
+    tile), or (work, arrived, fixed, tile, slice, first K tile, K tiles, plan, first tail tile) of a split grid
+    (tilescale.ops.gemm.split_tile_loop)."""
     block_m = As.shape[0]
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
-    rows_per_chunk = (M // W) // chunks
+    tiles_per_rank = T.ceildiv(m, block_m)
     me = T.get_rank()
-    if own:
-        rb = me * tiles_per_rank + by                  # C's row tile; A's is `by`
-        src, chunk = me, by * block_m // rows_per_chunk
-    else:
-        rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, then rank+2, ...: pull order
-        src = rb // tiles_per_rank
-        chunk = (rb % tiles_per_rank) * block_m // rows_per_chunk
+    t = by if own else by % tiles_per_rank                # the row tile within its rank's rows
+    src = me if own else (me + 1 + by // tiles_per_rank) % W   # rank+1's rows first, then rank+2, ...: pull order
+    chunk = t // chunk_tiles(tiles_per_rank, m, A.shape[-1], chunks, elem)
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS] = T.timestamp()
     if not own:
-        T.wait_until(arrived[src * chunks + chunk], cmp="ge", value=1)
+        T.wait_until(arrived[src * chunk_slots(chunks) + chunk], cmp="ge", value=1)
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS + 1] = T.timestamp()
-            for i, v in enumerate((T.smid(), src, chunk, rb, bx)):
+            for i, v in enumerate((T.smid(), src, chunk, src * tiles_per_rank + t, bx)):
                 prof[slot * TILE_WORDS + 3 + i] = T.cast(v, "uint64")
     if split is None:
-        tile_loop(A, B, C, As, Bs, Cl, Cs, by if own else rb, bx, stages, False, c_rb=rb)
+        tile_loop(A, B, C, As, Bs, Cl, Cs, t, bx, stages, False, a_src=None if own else src, c_src=src)
     else:
-        work, tail_arrived, tail_fixed, t, s, k0, kn, plan = split
-        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, by if own else rb, bx, t, s, k0, kn,
-                        plan, stages, threads // 32, c_rb=rb)
+        work, tail_arrived, tail_fixed, tile, s, k0, kn, plan, full = split
+        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, t, bx, tile, s, k0, kn, plan, stages,
+                        threads // 32, full=full, a_src=None if own else src, c_src=src)
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS + 2] = T.timestamp()
 
 
+def chunk_tiles(tiles_per_rank, rows, K: int, chunks: int, elem_bytes: int):
+    """Row tiles per chunk of a shard of `rows` rows (`tiles_per_rank` tiles; ints, or kernel expressions of the
+    call's rows): the shard in `chunks` chunks (0: :func:`pull_chunks` of its bytes), each a whole number of tiles,
+    the last the shorter one (or empty)."""
+    if isinstance(tiles_per_rank, int):
+        n = chunks or pull_chunks(rows * K * elem_bytes)
+        return max(1, -(-tiles_per_rank // n))
+    if not chunks:   # pull_chunks of the shard's bytes, as comparisons of 32-bit rows (no 64-bit division: ptxas
+        n = 1        # emulates it with a call, which serialises the kernel's wgmma)
+        for c in range(2, PULL_MAX_CHUNKS + 1):
+            n = n + T.if_then_else(rows >= -(-c * PULL_MIN_BYTES // (K * elem_bytes)), 1, 0)
+        chunks = n
+    return T.max(1, T.ceildiv(tiles_per_rank, chunks))
+
+
 def grid_plan(M: int, N: int, K: int, world_size: int, block_m: int, block_n: int, block_k: int, sms: int,
               own: bool) -> SplitPlan:
-    """The :class:`~tilescale.ops.gemm.SplitPlan` of one of :class:`AGGemm`'s GEMMs (`own`: its own rows) on `sms`
-    SMs; ``sms=0``: no split (the plain 2-D grid)."""
+    """The :class:`~tilescale.ops.gemm.SplitPlan` of one of :class:`AGGemm`'s GEMMs (`own`: its own rows) for `M`
+    gathered rows on `sms` SMs; ``sms=0``: no split (the plain 2-D grid)."""
     tiles_n = -(-N // block_n)
-    rows = M // world_size if own else M - M // world_size
-    tiles = rows // block_m * tiles_n
-    if sms <= 0:
+    tiles_per_rank = -(-(M // world_size) // block_m)
+    tiles = (tiles_per_rank if own else tiles_per_rank * (world_size - 1)) * tiles_n
+    if sms <= 0 or tiles == 0:
         return SplitPlan(tiles, tiles, 1)
     return split_plan(tiles, sms, -(-K // block_k))
 
 
 @tilescale.jit
-def ag_gemm_kernel(M: int, N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16",
-                   block_m: int = 128, block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
-                   swizzle: int = 10, profile: bool = False, own: bool = False, sms: int = 0):
-    """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (M x N):
+def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16", block_m: int = 128,
+                   block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
+                   profile: bool = False, own: bool = False, split: int = 1, tail: int = 0):
+    """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (W x m rows, N columns), the rows
+    per rank `m` a run-time argument (the last of the kernel's; one build serves every row count):
 
-    - `own`: this rank's rows, ``C[me * rows:(me + 1) * rows] = A @ B`` with `A` its shard (M / W rows) as the
-      caller gave it; nothing is waited for (step 1 of the module docstring);
-    - else: the other ranks' rows, in the order they arrive (rank+1's, rank+2's, ...), `A` the gathered buffer (M
-      rows); a tile first waits for its chunk's ``arrived`` flag (step 5). Its parameters are (A, B, C, arrived).
+    - `own`: this rank's rows, ``C[me] = A @ B`` with `A` its shard (m, K) as the caller gave it; nothing is waited
+      for (step 1 of the module docstring);
+    - else: the other ranks' rows, in the order they arrive (rank+1's, rank+2's, ...), `A` the gathered buffer
+      seen as (W, slot_rows, K), rank q's rows in ``A[q, :m]`` (`slot_rows`, the op's bound, also a run-time
+      argument: rows past m are never stored); a tile first waits for its chunk's ``arrived`` flag (step 5;
+      :func:`chunk_slots` words per rank, rank q's chunk c at ``q * chunk_slots + c``). Its parameters are (A, B,
+      C, arrived).
 
-    `sms` (the GPU's SM count; 0: never): when :func:`grid_plan` splits the last wave's tiles along K
-    (tilescale.ops.gemm.split_tile_loop), the grid is 1-D in the same tile order and the kernel takes three more
-    parameters, ``work, tail_arrived, tail_fixed`` (tilescale.ops.gemm.split_workspace), before `prof`.
+    `C` is seen as (W, m, N): a tile stores the rows of its rank only (TMA clips at m), whatever m is. `chunks`:
+    the chunks of a shard (0: :func:`pull_chunks` of the call's shard, computed in the kernel from m, as the host
+    does: :func:`chunk_tiles`).
 
-    `profile=True` adds a last argument `prof` (uint64, TILE_WORDS per block of the grid) where thread 0 of
-    each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry, signal observed
-    and end timestamps, SM, source rank, chunk, row and column tile); `profile=False` generates the same
-    code as a kernel without the option (tests/test_profiler.py checks it against a snapshot)."""
+    `split`, `tail` (from :func:`grid_plan`): the last `tail` tiles of the grid (fewer when a call has fewer) run
+    as `split` slices along K each (tilescale.ops.gemm.split_tile_loop): the grid is then 1-D in the same tile
+    order and the kernel takes three more parameters, ``work, tail_arrived, tail_fixed``
+    (tilescale.ops.gemm.split_workspace, for `tail` tiles), before `prof`.
+
+    `profile=True` adds a parameter `prof` (uint64, TILE_WORDS per block of the grid, `prof_words` a run-time
+    size) where thread 0 of each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry,
+    signal observed and end timestamps, SM, source rank, chunk, row and column tile); `profile=False` generates
+    the same code as a kernel without the option (tests/test_profiler.py checks it against a snapshot)."""
     W = world_size
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
+    m = T.dynamic("m")
+    tiles_per_rank = T.ceildiv(m, block_m)
     tiles_n = (N + block_n - 1) // block_n
-    grid_m = tiles_per_rank if own else tiles_m - tiles_per_rank
-    plan = grid_plan(M, N, K, W, block_m, block_n, block_k, sms, own)
+    grid_m = tiles_per_rank if own else tiles_per_rank * (W - 1)
     k_tiles = -(-K // block_k)
-    split = plan.split > 1
-    Work, TailArrived, TailFixed = split_buffers(plan, block_m, block_n) if split else (None, None, None)
-    Prof = T.Tensor((plan.blocks * TILE_WORDS,), "uint64") if profile else None
-    Arrived = None if own else T.Tensor((W * chunks,), "uint64")
-    opts = dict(M=M, W=W, chunks=chunks, stages=stages, threads=threads, profile=profile, own=own)
+    split = split if tail > 0 else 1
+    plan = SplitPlan(tail, 0, split)                   # (the workspace's tail tiles; `full` is set per call)
+    tiles = grid_m * tiles_n
+    full = T.max(tiles - tail, 0)
+    blocks = full + (tiles - full) * split
+    Work, TailArrived, TailFixed = split_buffers(plan, block_m, block_n) if split > 1 else (None, None, None)
+    Prof = T.Tensor((T.dynamic("prof_words"),), "uint64") if profile else None
+    Arrived = None if own else T.Tensor((W * chunk_slots(chunks),), "uint64")
+    opts = dict(W=W, chunks=chunks, elem=tvm.DataType(dtype).bits // 8, stages=stages, threads=threads,
+                profile=profile, own=own)
 
     @T.prim_func
-    def ag_gemm(A: T.Tensor((M // W if own else M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                arrived: Arrived, work: Work, tail_arrived: TailArrived, tail_fixed: TailFixed, prof: Prof):
-        if split:
-            with T.Kernel(plan.blocks, threads=threads) as b:
+    def ag_gemm(A: T.Tensor((m, K) if own else (W, T.dynamic("slot_rows"), K), dtype), B: T.Tensor((K, N), dtype),
+                C: T.Tensor((W, m, N), dtype), arrived: Arrived, work: Work, tail_arrived: TailArrived,
+                tail_fixed: TailFixed, prof: Prof):
+        if split > 1:
+            with T.Kernel(blocks, threads=threads) as b:
                 As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, 0)
-                t, s, k0, kn = split_block(b, plan, k_tiles)
+                t, s, k0, kn = split_block(b, plan, k_tiles, full)
                 by, bx = tile_order(t, grid_m, tiles_n, swizzle)
                 _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, b,
-                         (work, tail_arrived, tail_fixed, t, s, k0, kn, plan), **opts)
+                         (work, tail_arrived, tail_fixed, t, s, k0, kn, plan, full), m, **opts)
         else:
             with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
                 As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, by * tiles_n + bx, None, **opts)
+                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, by * tiles_n + bx, None, m, **opts)
 
     return ag_gemm
 
@@ -228,6 +255,16 @@ PULL_MIN_BYTES = 16 << 20   # copy-engine copies of 4-8 MiB moved a shard at up 
 PULL_MAX_CHUNKS = 4
 
 
+def chunk_slots(chunks: int) -> int:
+    """The ``arrived`` flags of one rank's shard (and the pulls of it a call issues): `chunks`, or for 0 (chunks by
+    the call's rows) :data:`PULL_MAX_CHUNKS`; a call's chunks past its rows pull nothing and only set their flag."""
+    return chunks or PULL_MAX_CHUNKS
+
+
+def _elem_bytes(dtype) -> int:
+    return tvm.DataType(checks.dtype_name(dtype)).bits // 8
+
+
 def pull_chunks(shard_bytes: int) -> int:
     """How many copies pull one peer's shard (step 4; before rounding down to a divisor of its row tiles): as
     many as keep each copy at least ``PULL_MIN_BYTES``, at most ``PULL_MAX_CHUNKS``, at least one. More chunks let
@@ -237,51 +274,55 @@ def pull_chunks(shard_bytes: int) -> int:
     return max(1, min(PULL_MAX_CHUNKS, shard_bytes // PULL_MIN_BYTES))
 
 
-def kernel_plan(args: tuple) -> SplitPlan:
-    """The :func:`grid_plan` of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them)."""
+def kernel_plan(args: tuple, M: int) -> SplitPlan:
+    """The grid of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them) for `M` gathered rows:
+    its last ``tail`` tiles (fewer when the call has fewer) split."""
     bound = ag_gemm_kernel.signature.bind(*args)
     bound.apply_defaults()
     a = bound.arguments
-    return grid_plan(a["M"], a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], a["sms"],
-                     a["own"])
+    tiles = grid_plan(M, a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], 0, a["own"]).tiles
+    if a["split"] <= 1 or a["tail"] <= 0:
+        return SplitPlan(tiles, tiles, 1)
+    return SplitPlan(tiles, max(tiles - a["tail"], 0), a["split"])
 
 
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
             config: GemmConfig | None = None, sms: int = 132) -> list:
-    """[(jit function, args)] of the kernels :class:`AGGemm` compiles for this problem: the GEMM of its own rows,
-    then (world size > 1) the GEMM of the other ranks' rows; `sms`: the GPU's SM count (either GEMM may split its
-    last wave: :func:`grid_plan`, tests/gpu/ag_gemm_split_main.py); `chunks` (None: :func:`pull_chunks`) rounded
-    down to a divisor of the row tiles of a shard."""
+    """[(jit function, args)] of the kernels :class:`AGGemm` compiles for problems of up to `M` gathered rows: the
+    GEMM of its own rows, then (world size > 1) the GEMM of the other ranks' rows; the rows are an argument of each
+    call, so M only chooses the config (the tuning table's for M) and the split of the last wave (`sms`: the GPU's
+    SM count, 0: no split; :func:`grid_plan` at M, tests/gpu/ag_gemm_split_main.py); `chunks` (None: by each
+    call's rows, :func:`pull_chunks`)."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
-    tiles_per_rank = M // world_size // cfg.block_m
-    if not chunks:
-        import torch
-
-        chunks = pull_chunks(M // world_size * K * vectors.element_size(getattr(torch, dtype)))
-    while tiles_per_rank % chunks:
-        chunks -= 1
-    args = (M, N, K, world_size, chunks, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+    args = (N, K, world_size, chunks or 0, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
             cfg.swizzle, False)
-    parts = (True, False) if world_size > 1 else (True,)
-    return [(ag_gemm_kernel, (*args, own, sms)) for own in parts]
+    jobs = []
+    for own in ((True, False) if world_size > 1 else (True,)):
+        plan = grid_plan(M, N, K, world_size, cfg.block_m, cfg.block_n, cfg.block_k, sms, own)
+        jobs.append((ag_gemm_kernel, (*args, own, plan.split, plan.tail if plan.split > 1 else 0)))
+    return jobs
 
 
 class AGGemm(Op):
-    """``C = all_gather(A_local) @ B`` for fixed shapes; collective to construct.
+    """``C = all_gather(A_local) @ B`` for fixed N, K and dtype; collective to construct.
 
-    `M` is the gathered row count (W x rows per rank). ``op(a_local, b)`` returns C (a new tensor unless
-    `out=` is given). The gathered A of the last call stays in ``op.gathered()``. `fused` (default: the committed
-    table, tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
-    (small M); ``op.fused`` says which path the op takes. `profile` (default
-    TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel timestamps, used while a
-    tilescale.profiler session records WAIT/TILE events.
+    `M` is the bound of the gathered rows (W x rows per rank): a call takes `a_local` of any m <= M / W rows (the
+    same m on every rank) and returns C of W x m rows, with the kernels built once (the rows are a kernel argument;
+    the buffers are sized for M). ``op(a_local, b)`` returns C (a new tensor unless `out=` is given). The gathered
+    A of the last call stays in ``op.gathered()``. `fused` (default: the committed table at M,
+    tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
+    (small M); ``op.fused`` says which path the op takes. `split` (default True): the GEMMs split their last
+    wave's tiles along K where that pays at M rows (:func:`grid_plan`; calls of fewer rows split as many of their
+    last tiles); False: plain grids, whose kernels depend on the config alone (the cached ``ag_gemm``'s ops of every
+    bound share them). `profile` (default TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel
+    timestamps, used while a tilescale.profiler session records WAIT/TILE events.
     """
 
     NAME, KERNEL = "AGGemm", "ag_gemm"
     GRAPH_SAFE = True     # flags set and reset on the device (module docstring): no per-call host state
 
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
-                 profile: bool | None = None, fused: bool | None = None):
+                 profile: bool | None = None, split: bool = True, fused: bool | None = None):
         import torch
 
         from ..env import settings
@@ -290,13 +331,15 @@ class AGGemm(Op):
         from .gemm import current_gpu
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile,
-                            fused=fused) as agreed:
+                            split=split, fused=fused) as agreed:
             if fused is not None and not isinstance(fused, bool):
                 checks.fail("AGGemm", "fused", checks.describe(fused), "a bool (or None: the committed table, "
                             "tilescale/ops/fused_paths.json)", type_error=True)
             profile = settings.profile_device if profile is None else profile
             check_problem("AGGemm", M, N, K, dtype, config, "K")
             checks.as_int("AGGemm", "chunks", chunks, allow_none=True)
+            if not isinstance(split, bool):
+                checks.fail("AGGemm", "split", checks.describe(split), "a bool", type_error=True)
             if not isinstance(profile, bool) and profile not in (0, 1):
                 checks.fail("AGGemm", "profile", checks.describe(profile), "a bool (or None: TILESCALE_PROFILE_DEVICE)",
                             type_error=True)
@@ -306,42 +349,46 @@ class AGGemm(Op):
                 fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
             agreed["fused"] = self.fused = fused
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
-        self.rows = M // self.world_size
+        self.rows = M // self.world_size     # the bound of a call's rows per rank (`m`: those of the last call)
+        self.m = self.rows
         if not self.fused:    # NCCL then cuBLAS (tilescale/ops/fused_paths.py): no kernel, no symmetric buffer
             self.launch_path, self._full = "unfused", None
             return
         # the SM count (the last waves' split) read once every rank's arguments agreed: no rank queries its GPU, and
         # maybe fails alone, before the others learn whether the call was valid
-        jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, vectors.sm_count())
+        jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config,
+                       vectors.sm_count() if split else 0)
         W, (fn, self.args) = self.world_size, jobs[-1]
-        self.chunks = self.args[4]
+        self.chunks = self.args[3]                   # 0: by each call's rows
+        self.block_m = self.args[5]
         self._last_a = None       # world size 1: the a_local of the last call (gathered())
-        # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1); a split one takes
-        # its workspace after its other arguments (`_tail[i]`, () when not split)
-        self.plans = [kernel_plan(a) for _, a in jobs]
-        self.tail = [split_workspace(p, *a[6:8], device=self.rt.device) if p.split > 1 else ()
-                      for p, (_, a) in zip(self.plans, jobs, strict=True)]
+        # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1) at the bound; a
+        # split one takes its workspace after its other arguments (`_tail[i]`, () when not split)
+        self._job_args = [a for _, a in jobs]
+        self.plans = [kernel_plan(a, M) for _, a in jobs]
+        self.tail = [split_workspace(SplitPlan(a[-1], 0, a[-2]), *a[5:7], device=self.rt.device) if a[-2] > 1 else ()
+                     for _, a in jobs]
         tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]
-        self.compile_ahead(jobs + ([(fn, a[:-3], dict(profile=True, own=a[-2], sms=a[-1])) for _, a in jobs]
-                                   if profile else []))   # every kernel of the op side by side; build() takes them
-        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0]))
-        self.kernel, self._direct = (self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1])) if W > 1
-                                     else (None, None))
+        prof_jobs = [(fn, a[:11] + (True,) + a[12:]) for _, a in jobs] if profile else []
+        self.compile_ahead(jobs + prof_jobs)   # every kernel of the op side by side; build() takes them
+        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m"))
+        self.kernel, self._direct = (self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m"))
+                                     if W > 1 else (None, None))
         self._tail_ptrs = [tuple(t.data_ptr() for t in ws) for ws in self.tail]
         self.launch_path = "direct" if self._direct_own is not None else "tilelang"  # how __call__ launches
-        # the same kernels with timestamps (args: ..., profile, own, sms), and their blocks (one record each)
-        self.kernels_prof = ([fn(*a[:-3], profile=True, own=a[-2], sms=a[-1]).prepare() for _, a in jobs] if profile
-                             else None)
+        # the same kernels with timestamps, and their blocks at the bound (one record each)
+        self.kernels_prof = [f(*a).prepare() for f, a in prof_jobs] if profile else None
         self.tiles = [p.blocks for p in self.plans] + [0] * (2 - len(self.plans))
         if W == 1:
             return
-        self.a_full = self.symmetric((M, K), dtype)
+        self.a_full = self.symmetric((M, K), dtype)     # rank q's rows of a call: its slot, A_full[q * rows:][:m]
         self.ready = self.symmetric((W,), torch.uint64, zero=True)
         self.freed = self.symmetric((W,), torch.uint64, zero=True)
         self.freed.fill_(1)     # no peer reads my slot before the first call (a peer sets it only after that)
         torch.cuda.current_stream().synchronize()
+        self.slots = chunk_slots(self.chunks)       # arrived flags (and copies) per rank
         # written by the peers (push) or by this rank's copy streams (pull): symmetric for the first
-        self.arrived = self.symmetric((W * self.chunks,), torch.uint64, zero=True)
+        self.arrived = self.symmetric((W * self.slots,), torch.uint64, zero=True)
         # a peer of this node: a torch view of its A_full (copy-engine copies) and the addresses of its flags
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
@@ -358,11 +405,11 @@ class AGGemm(Op):
         self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
                                 for p in range(W)] for name, f in (("ready", self.ready), ("freed", self.freed))}
         # push: rank p's arrived flags of my chunks, through its mapping
-        self._arrived_on = [symm.get_remote_ptr(self.arrived, p) + 8 * self.rank * self.chunks if near[p] else None
+        self._arrived_on = [symm.get_remote_ptr(self.arrived, p) + 8 * self.rank * self.slots if near[p] else None
                             for p in range(W)]
         self._ready_here = [self.ready.data_ptr() + 8 * q for q in range(W)]     # rank q's word here
         self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
-        self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.chunks)]
+        self._arrived_at = [self.arrived.data_ptr() + 8 * i for i in range(W * self.slots)]
         self._slot = self.a_full[self.rank * self.rows:(self.rank + 1) * self.rows]   # my rows of A_full (step 2)
         # the events of the steps: made once, recorded once here (a CUDA event exists from its first record), reused
         # by every call (a wait sees the record made before it): the call's start, step 2's copy, a join per copy
@@ -388,23 +435,20 @@ class AGGemm(Op):
 
     def _plan_push(self) -> None:
         """The push protocol's programs (module docstring, "Push"): ``_first`` (the call's start, then steps 2-3 on
-        the copy stream; the source of each copy, op ``_push_ops[i]``, set per call to the call's rows) and
-        ``_post`` (step 6)."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
-        step_bytes = rows // chunks * self.K * self.a_full.element_size()
-        row_bytes = self.K * self.a_full.element_size()
+        the copy stream; each copy ``_push_ops[i]`` (op, dst, chunk): its destination and size set for the call's
+        rows by :meth:`_set_rows`, its source per call) and ``_post`` (step 6)."""
+        W, r = self.world_size, self.rank
+        self._row_bytes = self.K * self.a_full.element_size()
         first = so.Program([s.cuda_stream for s in self.streams])
         first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
         first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
-        self._push_ops = []       # (op index, byte offset in the call's rows)
+        copies = []       # (op index, dst, chunk)
         for j in range(1, W):                                                                # 2, 3
             dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
             first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1, label=_label("freed", dst))
             first.add(so.WRITE, self._freed_here[dst], 0, stream=1)
-            at = self._peers[dst].data_ptr() + r * rows * row_bytes
-            for ch in range(chunks):
-                i = first.add(so.COPY, at + ch * step_bytes, 0, step_bytes, stream=1)
-                self._push_ops.append((i, ch * step_bytes))
+            for ch in range(self.slots):
+                copies.append((first.add(so.COPY, 0, 0, 0, stream=1), dst, ch))
                 first.add(so.WRITE, self._arrived_on[dst] + 8 * ch, 1, stream=1)
         first.add(so.EVENT_RECORD, self._joins[0].cuda_event, stream=1)
         post = so.Program([s.cuda_stream for s in self.streams])
@@ -414,7 +458,8 @@ class AGGemm(Op):
             if q != r:
                 post.add(so.WRITE, self._flag_at["freed"][q], 1)
         self._first, self._post = first.seal(), post.seal()
-        self._push_at = [first.array[i] for i, _ in self._push_ops]
+        self._push_ops = [(self._first.array[i], dst, ch) for i, dst, ch in copies]
+        self._set_rows(self.rows)
 
     def _plan(self, *, a_full: int, row_bytes: int, peer_at: list, streams: list, events: dict, joins: list,
               pulled: list, arrived: int, arrived_bytes: int) -> None:
@@ -426,9 +471,8 @@ class AGGemm(Op):
         ``_local_tail`` (the rest of 2, then what ``_first`` issues but 2); then the first GEMM (1); ``_pre``
         (3); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node: the address of its
         A_full; else None), `events` (start, copied), `joins`, `pulled`, `arrived`: raw addresses and handles."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
+        W, r, rows, slots = self.world_size, self.rank, self.rows, self.slots
         peers = [(r + j) % W for j in range(1, W)]
-        step = rows // chunks
         local = W          # the local stream's index
         ops = []
 
@@ -461,13 +505,13 @@ class AGGemm(Op):
                     add(so.EVENT_WAIT, pulled[j - 1], stream=s)
                 add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s, label=_label("ready", src))
                 add(so.WRITE, self._ready_here[src], 0, stream=s)
-                for ch in range(chunks):
-                    off = (src * rows + ch * step) * row_bytes
+                for ch, (lo, n) in enumerate(self.chunk_rows(rows)):   # (sizes set per call: _set_rows)
+                    off = (src * rows + lo) * row_bytes
                     if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
-                        add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
+                        add(so.COPY, a_full + off, peer_at[src] + off, n * row_bytes, stream=s)
                     else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
-                        add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
-                    add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
+                        add(so.GET, a_full + off, a_full + off, n * row_bytes, stream=s, pe=src)
+                    add(so.WRITE, self._arrived_at[src * slots + ch], 1, stream=s)
                 if j < W - 2:
                     add(so.EVENT_RECORD, pulled[j], stream=s)
                 signal("freed", src, s)
@@ -503,33 +547,74 @@ class AGGemm(Op):
         self._pre, self._post = program(pre), program(post)
         self._copy_at = head
         self._a_local_op = self._first.array[head]     # a view into the program: its source is set per call
+        # the pulls of both programs that issue them, found by the flag each sets next: (op, src, chunk), their
+        # addresses and sizes set per call for its rows (_set_rows)
+        flag = {a: (i // slots, i % slots) for i, a in enumerate(self._arrived_at)}
+        self._pull_ops = [(prog.array[i - 1], *flag[op.a]) for prog in (self._first, self._local_tail)
+                          for i, op in enumerate(prog.array) if op.kind == so.WRITE and op.a in flag]
+        self._pull_at = [a_full if p is None else p for p in peer_at]
+        self._a_full_at, self._row_bytes = a_full, row_bytes
+
+    def chunk_rows(self, m: int) -> list:
+        """(first row, rows) of each chunk of a shard of `m` rows, as the kernel reads them (:func:`chunk_tiles`):
+        :func:`chunk_slots` chunks of whole row tiles, the last ones shorter or empty."""
+        step = chunk_tiles(-(-m // self.block_m), m, self.K, self.chunks, _elem_bytes(self.dtype)) * self.block_m
+        return [(min(ch * step, m), max(0, min(step, m - ch * step))) for ch in range(self.slots)]
+
+    def _set_rows(self, m: int) -> None:
+        """The programs' copies for a call of `m` rows per rank (rank q's slot: rows ``q * rows ..`` of A_full, its
+        first m rows used). Pull: the size of my shard's copy, the address and size of each pull; push: the
+        destination and size of each push, and its offset in the call's rows (``_push_from``; the source is set
+        per call). A chunk past the call's rows copies nothing and sets its flag all the same."""
+        rb, rows, r = self._row_bytes, self.rows, self.rank
+        chunks = self.chunk_rows(m)
+        if self.protocol == "push":
+            for op, dst, ch in self._push_ops:
+                lo, n = chunks[ch]
+                op.a, op.n = self._peers[dst].data_ptr() + (r * rows + lo) * rb, n * rb
+            self._push_from = [chunks[ch][0] * rb for _, _, ch in self._push_ops]
+        else:
+            self._a_local_op.n = m * rb
+            for op, src, ch in self._pull_ops:
+                lo, n = chunks[ch]
+                off = (src * rows + lo) * rb
+                op.a, op.b, op.n = self._a_full_at + off, self._pull_at[src] + off, n * rb
+        self._slot = self.a_full[r * rows:r * rows + m]   # (the torch copy's, a_local not contiguous; gathered())
+        self.m = m
 
     def gathered(self):
-        """The gathered A of the last call: this op's buffer (the next call overwrites it); at world size 1, the
-        `a_local` of the last call itself (nothing is gathered, and no copy is made). With the push protocol the call
-        sends this rank's rows to the peers straight from `a_local`: they are copied into the buffer here, from the
-        last call's `a_local` (on the current stream, once per call)."""
+        """The gathered A of the last call (W x m rows): this op's buffer when the call had the bound's rows (the
+        next call overwrites it), else a copy of its slots' rows; at world size 1, the `a_local` of the last call
+        itself (nothing is gathered, and no copy is made). With the push protocol the call sends this rank's rows to
+        the peers straight from `a_local`: they are copied into the buffer here, from the last call's `a_local` (on
+        the current stream, once per call). Unfused: the first W x m rows of the AllGather's buffer."""
         if self.world_size == 1:
             return self._last_a
         if not self.fused:
-            return self._full
+            return self._full if self._full is None or self.m == self.rows else self._full[:self.world_size * self.m]
         if self._slot_stale:
             self._slot.copy_(self._last_a)
             self._slot_stale = False
-        return self.a_full
+        if self.m == self.rows:
+            return self.a_full
+        return self.a_full.view(self.world_size, self.rows, self.K)[:, :self.m].reshape(-1, self.K)
 
     def _validate(self, a_local, b, out) -> None:
-        """The call checks (agreed across ranks): `a_local` (rows, K) of the dtype on this GPU (any strides: a
-        non-contiguous one is copied into the gathered buffer first); `b` (K, N) and `out` (M, N) handed to the
-        kernels as they are: contiguous and 16-byte aligned (TMA)."""
+        """The call checks (agreed across ranks): `a_local` (m, K), m <= M / world_size, of the dtype on this GPU
+        (any strides: a non-contiguous one is copied into the gathered buffer first); `b` (K, N) and `out`
+        (W x m, N) handed to the kernels as they are: contiguous and 16-byte aligned (TMA)."""
         d, dt = self.device, self.dtype
-        checks.check_tensor("AGGemm", "a_local", a_local, shape=(self.rows, self.K), dtype=dt, device=d,
-                            what="M / world_size rows")
+        m = a_local.shape[0] if getattr(a_local, "dim", lambda: 0)() == 2 else self.rows
+        if m > self.rows:
+            checks.fail("AGGemm", "a_local", checks.describe(a_local), f"at most {self.rows} rows (the bound M / "
+                        f"world_size of this op, built for M={self.M}: a larger M needs an op of its own)")
+        checks.check_tensor("AGGemm", "a_local", a_local, shape=(m, self.K), dtype=dt, device=d,
+                            what=f"m <= M / world_size = {self.rows} rows")
         checks.check_tensor("AGGemm", "b", b, shape=(self.K, self.N), dtype=dt, device=d, contiguous=True,
                             aligned=True)
         if out is not None:
-            checks.check_tensor("AGGemm", "out", out, shape=(self.M, self.N), dtype=dt, device=d, contiguous=True,
-                                aligned=True)
+            checks.check_tensor("AGGemm", "out", out, shape=(self.world_size * m, self.N), dtype=dt, device=d,
+                                contiguous=True, aligned=True, what="world_size x the rows of a_local")
 
     def call_key(self, a_local, b, out):
         """``checks.signature(a_local), checks.signature(b, True), checks.signature(out, True)``, flattened into
@@ -548,21 +633,23 @@ class AGGemm(Op):
         else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
-    def _gemm_own(self, a, b, c, m) -> None:
-        """Step 1: the GEMM of my rows, through its C entry point (raw pointers, the stream last) or tilelang."""
-        direct = self._direct_own
+    def _gemm_own(self, a, b, c, stream) -> None:
+        """Step 1: the GEMM of my rows (a: m rows, c: W x m), through its C entry point (raw pointers, the rows,
+        the stream last) or tilelang."""
+        direct, m = self._direct_own, a.shape[0]
         if direct is None:
-            self.kernel_own.launch(a, b, c, *self.tail[0])
-        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *self._tail_ptrs[0], m):
+            self.kernel_own.launch(a, b, c.view(self.world_size, m, self.N), *self.tail[0])
+        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *self._tail_ptrs[0], m, stream):
             raise self.launch_error(direct)
 
-    def _gemm_peers(self, b, c, m) -> None:
-        """Step 5: the GEMM of the other ranks' rows, as :meth:`_gemm_own`."""
-        direct = self._direct
+    def _gemm_peers(self, b, c, stream) -> None:
+        """Step 5: the GEMM of the other ranks' rows (``self.m`` per rank), as :meth:`_gemm_own`."""
+        direct, m, W = self._direct, self.m, self.world_size
         if direct is None:
-            self.kernel.launch(self.a_full, b, c, self.arrived, *self.tail[1])
+            self.kernel.launch(self.a_full.view(W, self.rows, self.K), b, c.view(W, m, self.N), self.arrived,
+                               *self.tail[1])
         elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), *self._tail_ptrs[1],
-                       m):
+                       self.rows, m, stream):
             raise self.launch_error(direct)
 
     def __call__(self, a_local, b, out=None):
@@ -573,14 +660,19 @@ class AGGemm(Op):
             rec = profiling.call("AGGemm", "fused", M=self.M, N=self.N, K=self.K)
             if rec is not None:
                 return self._call_steps(a_local, b, out, rec)
+        rows = a_local.shape[0]                         # the call's rows per rank (<= self.rows)
         if out is None:
             import torch
 
-            out = torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
+            out = torch.empty(self.world_size * rows, self.N, dtype=self.dtype, device=a_local.device)
+        if rows == 0:
+            return out
         if self.world_size == 1:                        # 1 alone: nothing to gather
             self._last_a = a_local
             self._gemm_own(_tma_ready(a_local), b, out, m)
             return out
+        if rows != self.m:                              # the copies' sizes (and the pulls' chunks) of these rows
+            self._set_rows(rows)
         fn = self._stream_ops
         if fn is None:     # a shim without ts_stream_ops
             return self._call_steps(a_local, b, out, None)
@@ -602,14 +694,18 @@ class AGGemm(Op):
         return out
 
     def _call_unfused(self, a_local, b, out):
-        """NCCL's AllGather into a buffer of this op, then ``torch.matmul`` (the op's torch equivalent)."""
+        """NCCL's AllGather into the first W x m rows of a buffer of this op (M rows), then ``torch.matmul`` (the
+        op's torch equivalent)."""
         import torch
         import torch.distributed as dist
 
+        self.m = m = a_local.shape[0]
         if self._full is None:
             self._full = torch.empty(self.M, self.K, dtype=self.dtype, device=a_local.device)
-        dist.all_gather_into_tensor(self._full, a_local.contiguous())
-        return torch.matmul(self._full, b, out=out)
+        full = self._full[:self.world_size * m]       # a call of m rows per rank: W x m rows, contiguous
+        if m:
+            dist.all_gather_into_tensor(full, a_local.contiguous())
+        return torch.matmul(full, b, out=out)
 
     def _call_push(self, fn, a_local, b, out, m):
         """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
@@ -619,7 +715,7 @@ class AGGemm(Op):
             self._slot.copy_(a_local)
             a, self._last_a, self._slot_stale = self._slot, None, False
         base = a.data_ptr()
-        for op, (_, off) in zip(self._push_at, self._push_ops, strict=True):
+        for (op, _, _), off in zip(self._push_ops, self._push_from, strict=True):
             op.b = base + off
         self._first.run(fn, m, "AGGemm")                                                       # 1-3
         self._gemm_own(a, b, out, m)                                                           # 4
@@ -633,9 +729,16 @@ class AGGemm(Op):
         import torch
 
         main = torch.cuda.current_stream()
-        W, r, shim = self.world_size, self.rank, self.rt.shim
-        c = out if out is not None else torch.empty(self.M, self.N, dtype=self.dtype, device=a_local.device)
+        W, r, shim, m = self.world_size, self.rank, self.rt.shim, a_local.shape[0]
+        c = out if out is not None else torch.empty(W * m, self.N, dtype=self.dtype, device=a_local.device)
         direct = a_local.is_contiguous() and not a_local.data_ptr() & 15
+        if m == 0:
+            return c
+        if W > 1 and m != self.m:
+            self._set_rows(m)
+        c3 = c.view(W, m, self.N)                    # as the kernels see C: a tile stores its rank's rows only
+        tiles = ([kernel_plan(a, W * m).blocks for a in self._job_args] + [0] * (2 - len(self._job_args))
+                 if rec is not None else [0, 0])       # (blocks of this call: one record each)
 
         def gemm(kernel, prof, tiles, args, end):
             if rec is None:
@@ -646,14 +749,14 @@ class AGGemm(Op):
         prof = self.kernels_prof or [None, None]
         if W == 1:                                                           # 1 alone
             self._last_a = a_local
-            gemm(self.kernel_own, prof[0], self.tiles[0], (_tma_ready(a_local), b, c, *self.tail[0]), True)
+            gemm(self.kernel_own, prof[0], tiles[0], (_tma_ready(a_local), b, c3, *self.tail[0]), True)
             return c
         if self.protocol == "push":
-            return self._push_steps(a_local, b, c, rec, gemm, prof)
+            return self._push_steps(a_local, b, c, rec, gemm, prof, tiles)
         a_full = self.a_full
         peers = [(r + j) % W for j in range(1, W)]
         local = self.streams[-1]
-        step = self.rows // self.chunks
+        chunks = self.chunk_rows(m)
 
         # the slots of the programs that the fast path would run (the same waits on the same streams): bounded alike
         watch = {k: v for p in ((self._first,) if direct else (self._local_head, self._local_tail))
@@ -687,14 +790,16 @@ class AGGemm(Op):
                         rec.copies_begin(s, src)
                     wait(h, "ready", src, self._ready_here[src])
                     lo, peer = src * self.rows, self._peers[src]
-                    for ch in range(self.chunks):
-                        rows = slice(lo + ch * step, lo + (ch + 1) * step)
-                        if peer is not None:
+                    for ch, (first, n) in enumerate(chunks):
+                        rows = slice(lo + first, lo + first + n)
+                        if not n:          # past the call's rows: nothing to pull (the flag is set all the same)
+                            pass
+                        elif peer is not None:
                             a_full[rows].copy_(peer[rows], non_blocking=True)
                         else:   # the same rows of the peer's buffer (symmetric: one address on every rank)
                             chunk = a_full[rows]
                             shim.ts_getmem_on_stream(chunk.data_ptr(), chunk.data_ptr(), chunk.nbytes, src, h)
-                        at = self._arrived_at[src * self.chunks + ch]
+                        at = self._arrived_at[src * self.slots + ch]
                         so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
                         if rec is not None:
                             rec.copy_done(s, src, ch, a_full[rows].nbytes)
@@ -711,27 +816,29 @@ class AGGemm(Op):
         else:
             local_steps(main)
             begin()
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a_local if direct else self._slot, b, c, *self.tail[0]),
+        gemm(self.kernel_own, prof[0], tiles[0], (a_local if direct else self._slot, b, c3, *self.tail[0]),
              False)                                                          # 1
         main.wait_event(self._copied)                                        # 3
         for j, src in enumerate(peers):
             if self._pull_first[src]:
                 main.wait_event(self._joins[j])
-        gemm(self.kernel, prof[1], self.tiles[1], (a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
+        gemm(self.kernel, prof[1], tiles[1], (a_full.view(W, self.rows, self.K), b, c3, self.arrived, *self.tail[1]),
+             True)                                                           # 5
         for j, s in enumerate(self.streams):                                 # 6
             self._joins[j].record(s)
             main.wait_event(self._joins[j])
         self.arrived.zero_()
         return c
 
-
-    def _push_steps(self, a_local, b, c, rec, gemm, prof):
-        """The push protocol's call step by step (:meth:`_call_steps`)."""
+    def _push_steps(self, a_local, b, c, rec, gemm, prof, tiles):
+        """The push protocol's call step by step (:meth:`_call_steps`; `tiles`: the blocks of each GEMM for this
+        call)."""
         import torch
 
         main, s, shim = torch.cuda.current_stream(), self.streams[0], self.rt.shim
         W, r, rows = self.world_size, self.rank, self.rows
-        step = rows // self.chunks
+        m = a_local.shape[0]
+        chunks, c3 = self.chunk_rows(m), c.view(W, m, self.N)     # (C as the kernels see it)
         if a_local.is_contiguous() and not a_local.data_ptr() & 15:
             a, self._last_a, self._slot_stale = a_local, a_local, True
         else:
@@ -748,16 +855,17 @@ class AGGemm(Op):
             with torch.cuda.stream(s):
                 if rec is not None:
                     rec.copies_begin(s, dst, "to")
-                for ch in range(self.chunks):
-                    rows_ = slice(r * rows + ch * step, r * rows + (ch + 1) * step)
-                    self._peers[dst][rows_].copy_(a[ch * step:(ch + 1) * step], non_blocking=True)
+                for ch, (lo, n) in enumerate(chunks):
+                    if n:      # past the call's rows: nothing to push (the flag is set all the same)
+                        self._peers[dst][r * rows + lo:r * rows + lo + n].copy_(a[lo:lo + n], non_blocking=True)
                     _ok(shim.ts_stream_write_u64(h, self._arrived_on[dst] + 8 * ch, 1), "stream write", "arrived",
                         dst)
                     if rec is not None:
-                        rec.copy_done(s, dst, ch, step * self.K * a.element_size())
+                        rec.copy_done(s, dst, ch, n * self.K * a.element_size())
         self._joins[0].record(s)
-        gemm(self.kernel_own, prof[0], self.tiles[0], (a, b, c, *self.tail[0]), False)          # 4
-        gemm(self.kernel, prof[1], self.tiles[1], (self.a_full, b, c, self.arrived, *self.tail[1]), True)   # 5
+        gemm(self.kernel_own, prof[0], tiles[0], (a, b, c3, *self.tail[0]), False)            # 4
+        gemm(self.kernel, prof[1], tiles[1], (self.a_full.view(W, rows, self.K), b, c3, self.arrived, *self.tail[1]),
+             True)                                                                          # 5
         main.wait_event(self._joins[0])                                                     # 6
         self.arrived.zero_()
         for q in range(W):
@@ -788,8 +896,8 @@ def _tma_ready(a):
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(M, N, K, dtype, world_size):
-    return AGGemm(M, N, K, dtype)
+def _cached(M, N, K, dtype, world_size, config):
+    return AGGemm(M, N, K, dtype, config=config, split=False)   # plain grids: ops of one config share kernels
 
 
 _fn_check = checks.CallCheck("ag_gemm")
@@ -804,25 +912,21 @@ def _validate_fn(a_local, b) -> None:
 
 
 def ag_gemm(a_local, b, *, return_gathered: bool = False):
-    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per shape.
+    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per (N, K, dtype, config).
 
-    Any number of rows: a shard whose rows are not a multiple of 128 runs as a shard padded with zero rows
-    (one copy of the shard), whose results are dropped (one copy of C). ``return_gathered=True`` returns
+    Any number of rows, run as they are by an op of a bound of rows per rank (tilescale.ops.gemm.cached_op: the
+    rows rounded up to a power of two, or a larger op cached with the same config); ops of one config share
+    their kernels, so new rows build nothing unless the tuning table picks another config for their bound (plain
+    grids: no split of the last wave). ``return_gathered=True`` returns
     ``(c, all_gather(a_local))`` (the gathered A, a copy: the op's buffer is reused by its next call)."""
     from .. import runtime
 
     _fn_check((checks.signature(a_local), checks.signature(b)), _validate_fn, a_local, b)
     W = runtime.current().info.world_size
     (rows, K), N = a_local.shape, b.shape[1]
-    rp = padded_rows(rows)
-    op = _cached(rp * W, N, K, a_local.dtype, W)
-    if rp == rows:
-        c = op(a_local, b)
-        return (c, op.gathered().clone()) if return_gathered else c
-    a_p = a_local.new_empty((rp, K))
-    a_p[:rows].copy_(a_local)
-    a_p[rows:].zero_()
-    c = op(a_p, b).view(W, rp, N)[:, :rows].reshape(W * rows, N)
+    op = cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm")
+    c = op(a_local, b)
     if not return_gathered:
         return c
-    return c, op.gathered().view(W, rp, K)[:, :rows].reshape(W * rows, K)
+    g = op.gathered()   # a copy of its slots' rows when fused at fewer rows than the bound; else the op's own
+    return c, (g if W > 1 and op.fused and op.m != op.rows else g.clone())

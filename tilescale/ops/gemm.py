@@ -91,28 +91,43 @@ def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: 
 
 
 @T.macro
-def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None):
+def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None, a_src=None):
     """``Cl = A[rb, :] @ B[:, bx]`` in the accumulator, for tiles of (block_m, block_n) given by the buffers of
     :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma. `k_first`,
-    `k_count` (K tiles of block_k; None: all): one slice of K instead (:func:`split_tile_loop`)."""
+    `k_count` (K tiles of block_k; None: all): one slice of K instead (:func:`split_tile_loop`). `a_src`: A is
+    3-D (ranks, rows, K), the tile's rows those of rank `a_src` (rows past a rank's end: TMA loads zeros)."""
     block_m, block_k = As.shape
     block_n = Bs.shape[1]
     T.clear(Cl)
-    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k) if k_count is None else k_count, num_stages=stages):
-        T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
+    for ko in T.Pipelined(T.ceildiv(A.shape[-1], block_k) if k_count is None else k_count, num_stages=stages):
+        if a_src is None:
+            T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
+        else:
+            T.copy(A[a_src, rb * block_m, (k_first + ko) * block_k], As)
         T.copy(B[(k_first + ko) * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
 
 
 @T.macro
-def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
-    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
-    :func:`tile_buffers` (`c_rb` None: `rb`): :func:`main_loop`, then the tile through shared memory to C (a TMA
-    store; plain vector stores by every thread with `disable_tma`)."""
+def store_tile(Cs, C, rb, bx, disable_tma: bool = False, c_src=None):
+    """The C tile in shared memory into ``C[rb, bx]`` (tiles of Cs's shape): one TMA store (plain vector stores by
+    every thread with `disable_tma`). `c_src`: C is 3-D (ranks, rows, N), the tile in rank `c_src`'s rows (rows past
+    its end are not written: TMA clips at the view's bounds)."""
     block_m, block_n = Cs.shape
-    main_loop(A, B, As, Bs, Cl, rb, bx, stages)
+    if c_src is None:
+        T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
+    else:
+        T.copy(Cs, C[c_src, rb * block_m, bx * block_n], disable_tma=disable_tma)
+
+
+@T.macro
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None, a_src=None, c_src=None):
+    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers` (`c_rb` None: `rb`): :func:`main_loop`, then the tile through shared memory to C
+    (:func:`store_tile`). `a_src`, `c_src`: the rank of A's, C's rows when they are 3-D (ranks, rows, columns)."""
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages, a_src=a_src)
     T.copy(Cl, Cs)
-    T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n], disable_tma=disable_tma)
+    store_tile(Cs, C, rb if c_rb is None else c_rb, bx, disable_tma, c_src)
 
 
 # ---------------------------------------------------------------- the last wave's tiles split along K
@@ -190,11 +205,13 @@ def even_panel(rows: int, swizzle: int) -> int:
     return max(p for p in range(1, swizzle + 1) if rows % p == 0) if swizzle > 0 else 0
 
 
-def split_block(b, plan: SplitPlan, k_tiles: int):
-    """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions)."""
-    tail = b >= plan.full
-    s = T.if_then_else(tail, (b - plan.full) % plan.split, 0)
-    t = T.if_then_else(tail, plan.full + (b - plan.full) // plan.split, b)
+def split_block(b, plan: SplitPlan, k_tiles: int, full=None):
+    """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions); `full`
+    (None: ``plan.full``): its whole tiles, an expression when the grid is sized at run time."""
+    full = plan.full if full is None else full
+    tail = b >= full
+    s = T.if_then_else(tail, (b - full) % plan.split, 0)
+    t = T.if_then_else(tail, full + (b - full) // plan.split, b)
     k0 = s * k_tiles // plan.split
     return t, s, T.if_then_else(tail, k0, 0), T.if_then_else(tail, (s + 1) * k_tiles // plan.split - k0, k_tiles)
 
@@ -220,7 +237,7 @@ def split_workspace(plan: SplitPlan, block_m: int, block_n: int, device=None) ->
 
 @T.macro
 def split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, arrived, fixed, rb, bx, t, s, k0, kn, plan: SplitPlan,
-                    stages: int, warps: int, c_rb=None):
+                    stages: int, warps: int, c_rb=None, full=None, a_src=None, c_src=None):
     """:func:`tile_loop` for block (tile `t`, slice `s`, K tiles ``k0 .. k0 + kn``) of a :class:`SplitPlan`'s grid.
     A whole tile (t < full): as tile_loop. A tail tile's slices, its signal protocol:
 
@@ -231,22 +248,28 @@ def split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, arrived, fixed, rb, bx, t, s,
     3. thread 0 of the last slice then sets ``fixed += 1``, after the tile's store has been issued, when every
        consumer thread of the block has passed step 2's wait (the store follows a barrier of all of them).
 
-    torch: ``C[tile] = sum(A[rows, k_slice] @ B[k_slice, cols] for k_slice in slices)`` (fp32, slice order)."""
+    torch: ``C[tile] = sum(A[rows, k_slice] @ B[k_slice, cols] for k_slice in slices)`` (fp32, slice order).
+
+    `full` (None: ``plan.full``): the whole tiles, an expression of the call's rows when the grid is sized at run
+    time (then at most ``plan.tail`` tail tiles: the workspace's). `a_src`, `c_src`: as :func:`tile_loop`'s.
+    A tail tile's counts (``arrived``, ``fixed``) grow only in the calls that split it, so calls of other row
+    counts keep them consistent."""
     block_m, block_n = Cs.shape
-    main_loop(A, B, As, Bs, Cl, rb, bx, stages, k0, kn)
-    i = t - plan.full
-    if t >= plan.full and s < plan.split - 1:
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages, k0, kn, a_src)
+    first_tail = plan.full if full is None else full
+    i = t - first_tail
+    if t >= first_tail and s < plan.split - 1:
         T.copy(Cl, work[(i * (plan.split - 1) + s) * block_m, 0])
         T.release_stores(arrived[i], 1, scope="gpu")
     else:
-        if t >= plan.full:
+        if t >= first_tail:
             T.wait_until(arrived[i], cmp="ge", value=(fixed[i] + 1) * ((plan.split - 1) * warps))
             for j in T.serial(plan.split - 1):
                 for y, x in T.Parallel(block_m, block_n):
                     Cl[y, x] += work[(i * (plan.split - 1) + j) * block_m + y, x]
         T.copy(Cl, Cs)
-        T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n])
-        if t >= plan.full:
+        store_tile(Cs, C, rb if c_rb is None else c_rb, bx, False, c_src)
+        if t >= first_tail:
             if T.get_thread_binding() == 0:
                 fixed[i] = fixed[i] + 1
 
@@ -264,13 +287,31 @@ def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
                     type_error=True)
 
 
-ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
+ROW_TILE = 128   # the least bound of rows per rank of the cached fused ops (the GEMM's block_m)
 
 
 def padded_rows(rows: int) -> int:
-    """The rows per rank that ``tilescale.ops.ag_gemm`` and ``gemm_rs`` run: `rows` rounded up to a multiple
-    of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
+    """The rows per rank that ``tilescale.ops.gemm_rs`` runs: `rows` rounded up to a multiple of :data:`ROW_TILE`."""
     return -(-rows // ROW_TILE) * ROW_TILE
+
+
+def row_bound(rows: int) -> int:
+    """The bound of rows per rank of the cached fused op that runs `rows` rows per rank: `rows` rounded up to a
+    power of two, at least :data:`ROW_TILE`."""
+    return max(ROW_TILE, 1 << max(rows - 1, 0).bit_length())
+
+
+def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str):
+    """The op of `cache` (an op cache keyed ``(M, N, K, dtype, world size, config)``, M the bound of gathered rows)
+    that ``tilescale.ops.ag_gemm`` / ``gemm_rs`` run `rows` rows per rank with: the config the tuning table gives
+    the rows' bound (:func:`row_bound`), on the largest op cached with it when that covers `rows` (its kernels take
+    any rows up to its bound), else a new one for that bound. So a job builds at most one op per doubling of its
+    rows, and kernels only for each config the table picks."""
+    bound = row_bound(rows)
+    cfg = gemm_config(bound * world_size, N, K, world_size=world_size, op=op)
+    key = (N, K, dtype, world_size, cfg)
+    have = max((k[0] // world_size for k in list(cache.entries) if k[1:] == key), default=0)
+    return cache(max(have, bound) * world_size, *key)
 
 
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
@@ -394,7 +435,16 @@ def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None =
 
 def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
     """The configuration `op` runs this problem with: `config`, or else the tuned one (:func:`gemm_config`);
-    a ValueError naming M or config when it cannot run it."""
+    a ValueError naming M or config when it cannot run it. For "ag_gemm", whose kernels take the rows per rank at
+    run time, M is the bound of the gathered rows: any multiple of the world size, the config chosen (and checked)
+    for the rows per rank rounded up to a whole tile."""
+    if op == "ag_gemm":
+        if M % world_size:
+            raise ValueError(f"M: got {M}, expected a multiple of world_size = {world_size} (the bound of rows per "
+                             "rank times the ranks)")
+        rows = M // world_size
+        config = config or gemm_config(world_size * padded_rows(rows), N, K, world_size=world_size, op=op)
+        M = world_size * max(1, -(-rows // config.block_m)) * config.block_m
     cfg = config or gemm_config(M, N, K, world_size=world_size, op=op)
     if M % (world_size * cfg.block_m):
         raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")

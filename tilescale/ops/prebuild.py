@@ -14,11 +14,24 @@ def unique(jobs) -> list:
     return _unique(jobs)
 
 
-def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
-    """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes."""
+def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False) -> list:
+    """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes (M: the op's bound of the
+    gathered rows); `cached`: those of ``tilescale.ops.ag_gemm`` (and the torch ops) for M gathered rows instead
+    (tilescale.ops.gemm.cached_op: the config of the rows' bound, plain grids)."""
     from .allgather_gemm import kernels
+    from .gemm import gemm_config, row_bound
 
-    return [job for M, K, N in shapes if M % (world_size * 128) == 0 for job in kernels(M, N, K, world_size, dtype)]
+    jobs = []
+    for M, K, N in shapes:
+        if M % world_size:
+            continue
+        if not cached:
+            jobs += kernels(M, N, K, world_size, dtype)
+            continue
+        bound = row_bound(M // world_size) * world_size
+        cfg = gemm_config(bound, N, K, world_size=world_size, op="ag_gemm")
+        jobs += kernels(bound, N, K, world_size, dtype, config=cfg, sms=0)
+    return jobs
 
 
 def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:

@@ -23,8 +23,8 @@
 
 #include <tl_templates/cuda/common.h>
 #if defined(__CUDA_ARCH__)
-extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived);
-extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived) {
+extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m);
+extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* Bs = ((void*)((char*)buf_dyn_shmem + 0));
   void* Cs = ((void*)((char*)buf_dyn_shmem + 0));
@@ -49,14 +49,31 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   __syncthreads();
   const dim3 blockIdx = tl::rasterization2DRow<10>();
   int me = nvshmem_my_pe();
-  tilescale::wait_until<unsigned long long>((&(arrived[((((me + 1) & 1) * 4) + (((int)blockIdx.y) >> 2))])), 3, (uint64_t)1, <site>);
+  int rmod = (((int)blockIdx.y) % ((m + 127) >> 7));
+  int rmod_1 = (((int)blockIdx.y) % ((m + 127) >> 7));
+  int rmod_2 = (((int)blockIdx.y) % ((m + 127) >> 7));
+  int rdiv = (((int)blockIdx.y) / ((m + 127) >> 7));
+  if (((((((((0 <= ((m + 127) >> 7)) && (0 <= rmod)) || ((((m + 127) >> 7) < 0) && (rmod <= 0))) ? rmod : (rmod + ((m + 127) >> 7))) / max(1, ((m + 511) >> 9))) + ((((((0 <= ((m + 127) >> 7)) && (0 <= rmod_1)) || ((((m + 127) >> 7) < 0) && (rmod_1 <= 0))) ? rmod_1 : (rmod_1 + ((m + 127) >> 7))) % max(1, ((m + 511) >> 9))) >> 31)) >> 2) + (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_2)) || ((((m + 127) >> 7) < 0) && (rmod_2 <= 0))) ? rdiv : (rdiv - 1))) + 1) & 1)) < 2) {
+    int rmod_3 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    int rdiv_1 = (((int)blockIdx.y) / ((m + 127) >> 7));
+    int rmod_4 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    int rmod_5 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    int rmod_6 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    int rdiv_2 = (((int)blockIdx.y) / ((m + 127) >> 7));
+    int rmod_7 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    int rmod_8 = (((int)blockIdx.y) % ((m + 127) >> 7));
+    tilescale::wait_until<unsigned long long>((&(arrived[((((((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_6)) || ((((m + 127) >> 7) < 0) && (rmod_6 <= 0))) ? rdiv_2 : (rdiv_2 - 1))) + 1) & 1) * 4) + (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_7)) || ((((m + 127) >> 7) < 0) && (rmod_7 <= 0))) ? rmod_7 : (rmod_7 + ((m + 127) >> 7))) / max(1, ((m + 511) >> 9)))) + ((((((0 <= ((m + 127) >> 7)) && (0 <= rmod_8)) || ((((m + 127) >> 7) < 0) && (rmod_8 <= 0))) ? rmod_8 : (rmod_8 + ((m + 127) >> 7))) % max(1, ((m + 511) >> 9))) >> 31))])), 3, (uint64_t)1, <site>);
+  }
   if (((int)threadIdx.x) < 128) {
     tl::warpgroup_reg_dealloc<24>();
     for (int ko = 0; ko < 8; ++ko) {
       mbarrier[((ko % 3) + 3)].wait((((ko % 6) / 3) ^ 1));
       if (tl::tl_shuffle_elect<128>()) {
         mbarrier[(ko % 3)].expect_transaction(16384);
-        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
+        int rmod_9 = (((int)blockIdx.y) % ((m + 127) >> 7));
+        int rmod_10 = (((int)blockIdx.y) % ((m + 127) >> 7));
+        int rdiv_3 = (((int)blockIdx.y) / ((m + 127) >> 7));
+        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_9)) || ((((m + 127) >> 7) < 0) && (rmod_9 <= 0))) ? rmod_9 : (rmod_9 + ((m + 127) >> 7))) * 128), (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_10)) || ((((m + 127) >> 7) < 0) && (rmod_10 <= 0))) ? rdiv_3 : (rdiv_3 - 1))) + 1) & 1));
         mbarrier[(ko % 3)].arrive_and_expect_tx(32768);
         #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -105,7 +122,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
       tl::fence_proxy_async();
       #pragma unroll
       for (int i_4 = 0; i_4 < 4; ++i_4) {
-        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
+        int rmod_11 = (((int)blockIdx.y) % ((m + 127) >> 7));
+        int rmod_12 = (((int)blockIdx.y) % ((m + 127) >> 7));
+        int rdiv_4 = (((int)blockIdx.y) / ((m + 127) >> 7));
+        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_11)) || ((((m + 127) >> 7) < 0) && (rmod_11 <= 0))) ? rmod_11 : (rmod_11 + ((m + 127) >> 7))) * 128), (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_12)) || ((((m + 127) >> 7) < 0) && (rmod_12 <= 0))) ? rdiv_4 : (rdiv_4 - 1))) + 1) & 1));
       }
       tl::tma_store_arrive();
       tl::tma_store_wait<0, true>();
@@ -116,6 +136,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
 
 #else
 // tilescale: the host pass of nvcc sees the kernels' signatures only (codegen.py)
-extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived);
-extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived) {}
+extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m);
+extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m) {}
 #endif
