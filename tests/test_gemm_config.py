@@ -156,19 +156,19 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
     assert own[13:] == ((plan.split, plan.tail) if plan.split > 1 else (1, 0))
     # the pull path (GEMM + reduction) follows the table's "gemm_rs" entries
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull"))
-    assert g[5:] == (64, 256, 64, 4, 128, 0)
-    assert r[3] == 8192 // 256               # completion count per row block: one per column tile
-    assert r[6:] == (64, 256)             # the reduction's row block follows block_m
+    assert g[4:] == (64, 256, 64, 4, 128, 0)  # (N, K, W, dtype, config: the rows are the calls')
+    assert r[2] == 8192 // 256               # completion count per row block: one per column tile
+    assert r[5:] == (64, 256)             # the reduction's row block follows block_m
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=BIG_M, path="pull"))
-    assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
+    assert r[5:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
     # the push path (one node, no runtime here: the default) is one kernel; it has entries of its own
     # ("gemm_rs_push"), none in this table: the default config, not the pull path's tuned one
     assert gemm_rs.default_path(2) == "push"
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     d = DEFAULT
-    assert push[5:11] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[5:]
+    assert push[4:10] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[4:]
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=SMALL, path="push"))
-    assert push[5:11] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
+    assert push[4:10] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
     for path in gemm_rs.PATHS:
         with pytest.raises(ValueError, match="config: .*block_n=192"):
             gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=N192, path=path)

@@ -19,7 +19,9 @@ def jobs(W: int) -> list:
     from tilescale.ops import prebuild
 
     return prebuild.unique(prebuild.ag_gemm_jobs([(W * BOUND, K, N)], W)
-                           + prebuild.ag_gemm_jobs([(W * r, K, N) for r in ROWS], W, cached=True))
+                           + prebuild.ag_gemm_jobs([(W * r, K, N) for r in ROWS], W, cached=True)
+                           + prebuild.gemm_rs_jobs([(W * BOUND, K, N)], W)
+                           + prebuild.gemm_rs_jobs([(W * r, K, N) for r in ROWS], W, cached=True))
 
 
 def rel_err(got, want) -> float:
@@ -31,7 +33,8 @@ def run(info):
 
     from tilescale import staged_collectives
     from tilescale.ops import allgather_gemm, prebuild
-    from tilescale.ops.gemm import gemm_config, row_bound
+    from tilescale.ops.gemm import gemm_config
+    from tilescale.ops.op_cache import row_bound
 
     dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     rank, W = info.rank, info.world_size
@@ -86,7 +89,42 @@ def run(info):
     if ops != len(configs):    # 1000 rows first: the op of 1024 rows, which every later row count of its config fits
         raise AssertionError(f"[rank {rank}] ag_gemm over rows {ROWS}: {ops} ops built, expected one per config "
                              f"({len(configs)})")
-    print(f"[rank {rank}] OK: AG+GEMM with rows {ROWS} per rank under one bound matches torch", flush=True)
+    kl = K // W
+    rs = tilescale.ops.GemmRS(W * BOUND, N, kl, bf16)
+
+    def rs_inputs(call: int, rows: int):
+        g = torch.Generator(device="cuda").manual_seed(9000 * call + rank)
+        x = torch.randn(W * rows, kl, device="cuda", generator=g).to(bf16)
+        w = (torch.randn(kl, N, device="cuda", generator=g) / kl ** 0.5).to(bf16)
+        want = torch.empty(rows, N, device="cuda", dtype=torch.float32)
+        dist.reduce_scatter_tensor(want, (x.float() @ w.float()).contiguous())    # fp32 sum over ranks
+        return x, w, want
+
+    for call, rows in enumerate(ROWS + ROWS[::-1]):   # (down and up again: every tile's count carried over calls)
+        x, w, want = rs_inputs(call, rows)
+        out = torch.full((rows, N), float("nan"), device="cuda", dtype=bf16)
+        rs(x, w, out=out)
+        torch.cuda.synchronize()
+        err = rel_err(out, want)
+        if not err < 2e-2:
+            raise AssertionError(f"[rank {rank}] GemmRS ({rs.path}, bound {BOUND} rows) call {call} of {rows} rows: "
+                                 f"relative error {err:.3g}")
+    rs.close()
+    from tilescale.ops import gemm_reduce_scatter
+
+    built = len(gemm_reduce_scatter._cached)
+    for call, rows in enumerate(ROWS):
+        x, w, want = rs_inputs(100 + call, rows)
+        err = rel_err(tilescale.ops.gemm_rs(x, w), want)
+        if not err < 2e-2:
+            raise AssertionError(f"[rank {rank}] gemm_rs of {rows} rows: relative error {err:.3g}")
+    ops = len(gemm_reduce_scatter._cached) - built
+    op = "gemm_rs_push" if gemm_reduce_scatter.default_path(W, kl) == "push" else "gemm_rs"
+    configs = {gemm_config(W * row_bound(r), N, kl, world_size=W, op=op) for r in ROWS}
+    if ops != len(configs):
+        raise AssertionError(f"[rank {rank}] gemm_rs over rows {ROWS}: {ops} ops built, expected one per config "
+                             f"({len(configs)})")
+    print(f"[rank {rank}] OK: AG+GEMM and GEMM+RS with rows {ROWS} per rank under one bound match torch", flush=True)
 
 
 def build(world_size: int) -> None:

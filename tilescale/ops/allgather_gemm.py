@@ -92,7 +92,6 @@ from .base import Op
 from .gemm import (
     GemmConfig,
     SplitPlan,
-    cached_op,
     check_problem,
     problem_config,
     split_block,
@@ -914,7 +913,7 @@ def _validate_fn(a_local, b) -> None:
 def ag_gemm(a_local, b, *, return_gathered: bool = False):
     """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per (N, K, dtype, config).
 
-    Any number of rows, run as they are by an op of a bound of rows per rank (tilescale.ops.gemm.cached_op: the
+    Any number of rows, run as they are by an op of a bound of rows per rank (tilescale.ops.op_cache.cached_op: the
     rows rounded up to a power of two, or a larger op cached with the same config); ops of one config share
     their kernels, so new rows build nothing unless the tuning table picks another config for their bound (plain
     grids: no split of the last wave). ``return_gathered=True`` returns
@@ -924,7 +923,7 @@ def ag_gemm(a_local, b, *, return_gathered: bool = False):
     _fn_check((checks.signature(a_local), checks.signature(b)), _validate_fn, a_local, b)
     W = runtime.current().info.world_size
     (rows, K), N = a_local.shape, b.shape[1]
-    op = cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm")
+    op = op_cache.cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm")
     c = op(a_local, b)
     if not return_gathered:
         return c

@@ -188,7 +188,7 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
     `swizzle` rows of tiles (the last panel: the rows left), column by column inside a panel, odd panels from the
     last column back (tilelang's ``T.use_swizzle``, row rasterisation); `swizzle` 0: row by row. For 1-D grids
     (persistent and split kernels), which launch tiles in the same order as the plain 2-D grid."""
-    if swizzle <= 0:
+    if isinstance(swizzle, int) and swizzle <= 0:
         return t // tiles_n, t % tiles_n
     group = swizzle * tiles_n
     panel = t // group
@@ -198,11 +198,19 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
     return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
 
 
-def even_panel(rows: int, swizzle: int) -> int:
+def even_panel(rows, swizzle: int):
     """The largest panel height <= `swizzle` that divides `rows` rows of tiles into equal panels (0: 0), for
     :func:`tile_order` over few rows: 16 rows in panels of 10 and 6 ran GEMM+RS's persistent kernel at half speed,
-    in panels of 8 at full."""
-    return max(p for p in range(1, swizzle + 1) if rows % p == 0) if swizzle > 0 else 0
+    in panels of 8 at full. `rows` an int, or a kernel expression (rows known at run time: the panel is then one
+    too)."""
+    if swizzle <= 0:
+        return 0
+    if isinstance(rows, int):
+        return max(p for p in range(1, swizzle + 1) if rows % p == 0)
+    panel = 1
+    for p in range(2, swizzle + 1):
+        panel = T.if_then_else(rows % p == 0, p, panel)
+    return panel
 
 
 def split_block(b, plan: SplitPlan, k_tiles: int, full=None):
@@ -291,27 +299,8 @@ ROW_TILE = 128   # the least bound of rows per rank of the cached fused ops (the
 
 
 def padded_rows(rows: int) -> int:
-    """The rows per rank that ``tilescale.ops.gemm_rs`` runs: `rows` rounded up to a multiple of :data:`ROW_TILE`."""
+    """`rows` rounded up to a multiple of :data:`ROW_TILE` (the rows per rank a bound's config is chosen for)."""
     return -(-rows // ROW_TILE) * ROW_TILE
-
-
-def row_bound(rows: int) -> int:
-    """The bound of rows per rank of the cached fused op that runs `rows` rows per rank: `rows` rounded up to a
-    power of two, at least :data:`ROW_TILE`."""
-    return max(ROW_TILE, 1 << max(rows - 1, 0).bit_length())
-
-
-def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str):
-    """The op of `cache` (an op cache keyed ``(M, N, K, dtype, world size, config)``, M the bound of gathered rows)
-    that ``tilescale.ops.ag_gemm`` / ``gemm_rs`` run `rows` rows per rank with: the config the tuning table gives
-    the rows' bound (:func:`row_bound`), on the largest op cached with it when that covers `rows` (its kernels take
-    any rows up to its bound), else a new one for that bound. So a job builds at most one op per doubling of its
-    rows, and kernels only for each config the table picks."""
-    bound = row_bound(rows)
-    cfg = gemm_config(bound * world_size, N, K, world_size=world_size, op=op)
-    key = (N, K, dtype, world_size, cfg)
-    have = max((k[0] // world_size for k in list(cache.entries) if k[1:] == key), default=0)
-    return cache(max(have, bound) * world_size, *key)
 
 
 def check(cfg: GemmConfig, M: int, N: int, K: int, *, world_size: int = 1, op: str | None = None,
@@ -435,10 +424,10 @@ def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None =
 
 def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
     """The configuration `op` runs this problem with: `config`, or else the tuned one (:func:`gemm_config`);
-    a ValueError naming M or config when it cannot run it. For "ag_gemm", whose kernels take the rows per rank at
-    run time, M is the bound of the gathered rows: any multiple of the world size, the config chosen (and checked)
-    for the rows per rank rounded up to a whole tile."""
-    if op == "ag_gemm":
+    a ValueError naming M or config when it cannot run it. The fused ops' kernels take the rows per rank at run
+    time: M is the bound of their rows, any multiple of the world size, the config chosen (and checked) for the
+    rows per rank rounded up to a whole tile."""
+    if op in OPS:        # (the fused ops' kernels take the rows at run time)
         if M % world_size:
             raise ValueError(f"M: got {M}, expected a multiple of world_size = {world_size} (the bound of rows per "
                              "rank times the ranks)")

@@ -38,10 +38,12 @@ tile. Per tile of the block, in its order:
    into ``Rs`` (``T.load_async``, one bulk copy); step 1: arrive on that barrier instead (``T.arrive_barrier``:
    ``Rs`` is free, its last push read). Warps 1-3 wait for ``summed``; step d < W: they push the sum from
    ``Rs`` into rank me - 1's ``R`` (through its peer mapping), slot d - 1, by their plain 16-byte stores
-   (``T.store_tile``, which ends when all three have read ``Rs`` and met), then warp 1 adds 1 to rank me - 1's
-   ``arrived[d - 1, tile]`` (one release per tile, system scope, covering the three warps' stores:
-   ``T.release_stores`` through the mapping); step W: warp 1 stores my rows into C_local (bulk copies, written
-   before the block ends). Either way ``Rs`` has been read before warp 1 loads the next sum in.
+   (``T.store_tile``, which ends when all three have read ``Rs`` and met), then warp 1 raises rank me - 1's
+   ``arrived[d - 1, tile]`` to e (one release per tile, system scope, covering the three warps' stores:
+   ``T.release_stores`` through the mapping, of the calls since this rank last pushed the tile, which it notes in
+   its own ``pushed``: a call of fewer rows leaves tiles out); step W: warp 1 stores my rows into C_local (bulk
+   copies, only the call's rows, written before the block ends). Either way ``Rs`` has been read before warp 1
+   loads the next sum in.
 
 Rank me + 1 may overwrite a slot of half e % 2 in its call e + 2 only after its call e + 1 ended, which waited
 (steps W .. 2) for the sums along the ring, the first of them pushed by my step 1 of call e + 1, which my GPU
@@ -52,6 +54,12 @@ kernel); on distinct GPUs and for ranks that share a GPU time-sliced, every rank
 GPU under MPS take the pull path (a rank's waiting blocks could hold every SM of the GPU they share). At world
 size > 1 the kernel loads rows of X by TMA: a K_local that is not a multiple of 8 takes the pull path
 (:func:`push_takes`). The sums are rounded to the dtype at each step (W - 1 times, as NCCL's ring does).
+
+The rows per rank are a run-time argument of the kernels, up to the op's bound (its buffers are sized for it, their
+sizes run-time arguments too: one build serves every bound of one config). The push kernel runs one block per SM
+whatever the rows (call numbers count per block: the grid never changes), a block past the call's tiles doing
+nothing; the pull path's GEMM runs the bound's tiles, those past the call's rows with no step of K, so that every
+count of ``done`` grows by a tile's per call.
 
 **pull** (a rank on another node, ``TILESCALE_NODE_SIZE`` included; more than 8 ranks; MPS-shared GPUs): the
 GEMM counts finished tiles per row block and a reduction kernel on a side stream, on a few SMs, pulls each
@@ -84,8 +92,8 @@ from .gemm import (
     check_problem,
     even_panel,
     main_loop,
-    padded_rows,
     problem_config,
+    store_tile,
     tile_buffers,
     tile_loop,
     tile_order,
@@ -94,42 +102,50 @@ from .gemm_rs_path import MAX_PUSH_RANKS, PATHS, check_sizes, default_path, push
 
 __all__ = ["GemmRS", "gemm_rs"]
 
-# the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the stream)
-PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap")
+# the push kernel's parameters, as GemmRS launches it through its C entry point (raw pointers, then the run-time sizes:
+# the call's rows per rank, the rows of R and the words of arrived (the op's bound), then the stream)
+PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap", "pushed", "m", "r_rows", "words")
 
 
 @tilescale.jit
-def gemm_rs_push_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
+def gemm_rs_push_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
                         block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
                         sms: int = 132):
     """The one kernel of :class:`GemmRS`'s push path (module docstring): each tile of a peer's rows, with the
     partial sum that rank me + 1 pushed for it added, pushed on into rank me - 1's ``R`` and counted in its
     ``arrived`` (`Rp`, `Ap`: those of rank me - 1, through its peer mapping); my rows, with theirs added, into
     C. No NVSHMEM call but the rank: the peer is reached through its mapping. `sms`: the GPU's SMs (the blocks of
-    the persistent kernel, at most one per SM: every block must be resident); world size 1: C = X @ Wt."""
-    return _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False, sms)
+    the persistent kernel, one per SM: every block must be resident); world size 1: C = X @ Wt.
+
+    The rows per rank `m` are a run-time size (X: (W, m, K), C: (m, N)), and so are those of the op's buffers,
+    sized for its bound (``R``: `r_rows`, ``arrived``, ``pushed``: `words`, :func:`push_shapes`): one build serves
+    every row count. A tile's word of ``arrived`` is counted up to the call number (the pusher adds the calls
+    since it last pushed that tile, which it keeps in its own ``pushed``), so words of tiles a call of fewer rows
+    leaves out are right again at the next call that has them."""
+    return _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False, sms)
 
 
 @tilescale.jit
-def gemm_rs_push_loopback_kernel(M: int, N: int, K: int, ranks: int, dtype: str = "bfloat16", block_m: int = 128,
+def gemm_rs_push_loopback_kernel(N: int, K: int, ranks: int, dtype: str = "bfloat16", block_m: int = 128,
                                  block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256,
                                  swizzle: int = 10, sms: int = 132):
     """:func:`gemm_rs_push_kernel` as rank 0 of `ranks` runs it, on one GPU with no peers, in a job of any size
     (benchmarks): its pushes go to its own ``R`` and are counted in its own ``arrived``, where its next steps
     wait for them and add them (C = the sum over d of X[rows of rank d] @ Wt). Same parameters (`Rp`, `Ap`
     unused: any tensors of their shapes)."""
-    return _push_func(M, N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True, sms)
+    return _push_func(N, K, ranks, dtype, block_m, block_n, block_k, stages, threads, swizzle, True, sms)
 
 
 def push_shapes(M: int, N: int, world_size: int, block_m: int, block_n: int) -> tuple:
-    """The shapes of the push kernel's ``R`` and ``arrived`` (module docstring): R holds a tile per row block,
-    rows padded (a sum in lands in shared memory in one copy, padded against bank conflicts), tile i of slot s
-    of half h at row block ``(h * slots + s) * tiles + i``; arrived holds a count per slot and tile."""
-    slots, tiles = max(world_size - 1, 1), (M // world_size // block_m) * (N // block_n)
+    """The shapes of the push kernel's ``R`` and ``arrived`` (and ``pushed``: arrived's) for a bound of `M` rows
+    (module docstring): R holds a tile per row block, rows padded (a sum in lands in shared memory in one copy,
+    padded against bank conflicts), tile i of slot s of half h at row block ``(h * slots + s) * tiles + i``, tiles
+    an owner's at the bound; arrived holds a count per slot and tile."""
+    slots, tiles = max(world_size - 1, 1), -(-(M // world_size) // block_m) * (N // block_n)
     return (2 * slots * tiles * block_m, block_n + SUM_IN_PAD), (slots * tiles,)
 
 
-def _sum_row(e, w, slots: int, tiles: int, block_m: int):
+def _sum_row(e, w, slots: int, tiles, block_m: int):
     """The first row of ``R`` (:func:`push_shapes`) of call `e`'s tile of word `w` (slot and tile) of ``arrived``."""
     return (T.cast(e % 2, "int32") * slots * tiles + w) * block_m
 
@@ -141,60 +157,57 @@ def _pushed_to(loopback: bool):
     return lambda own, peer: own if loopback else peer
 
 
-def _push_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
+def _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
                sms: int):
     if world_size > 1:
-        return _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
+        return _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
                                      loopback, sms)
-    tiles_m, tiles_n = M // block_m, N // block_n
-    slab, words = push_shapes(M, N, 1, block_m, block_n)     # (unused at world size 1)
+    m, r_rows, words = T.dynamic("m"), T.dynamic("r_rows"), T.dynamic("words")
+    slab = (r_rows, block_n + SUM_IN_PAD)             # (R, arrived, pushed, counters: unused at world size 1)
 
     @T.prim_func
-    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype),
-                     R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
-                     counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
-                     Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
-        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):   # nothing to add: C = X @ Wt
+    def gemm_rs_push(X: T.Tensor((m, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((m, N), dtype),
+                     R: T.Tensor(slab, dtype), arrived: T.Tensor((words,), "uint64"),
+                     counters: T.Tensor((sms,), vectors.COUNTER), Rp: T.Tensor(slab, dtype),
+                     Ap: T.Tensor((words,), "uint64"), pushed: T.Tensor((words,), "uint64")):
+        with T.Kernel(N // block_n, T.ceildiv(m, block_m), threads=threads) as (bx, by):   # C = X @ Wt
             As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
-            T.call_number(counters)
-            main_loop(X, Wt, As, Bs, Cl, by, bx, stages)
-            T.copy(Cl, Cs)
-            T.copy(Cs, C[by * block_m, bx * block_n])
+            tile_loop(X, Wt, C, As, Bs, Cl, Cs, by, bx, stages, False)
 
     return gemm_rs_push
 
 
-def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
+def _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
                           loopback: bool, sms: int):
-    """:func:`_push_func` at world size > 1 (module docstring, push 1-3): `sms` persistent blocks (at most one per SM)
-    of three roles, block b running tiles b, b + sms, ... of the step-by-step order."""
+    """:func:`_push_func` at world size > 1 (module docstring, push 1-3): `sms` persistent blocks (one per SM) of
+    three roles, block b running tiles b, b + sms, ... of the step-by-step order of the call's rows."""
     W = world_size
-    rows = M // W
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
+    m, r_rows, words = T.dynamic("m"), T.dynamic("r_rows"), T.dynamic("words")
+    tiles_per_rank = T.ceildiv(m, block_m)           # this call's
     tiles_n = N // block_n
-    tiles = tiles_per_rank * tiles_n     # an owner's tiles
+    tiles = tiles_per_rank * tiles_n                 # an owner's tiles in this call
     slots = W - 1
+    layout = words // slots                          # an owner's tiles at the op's bound (R's and arrived's layout)
     k_tiles = -(-K // block_k)
     total = W * tiles
-    blocks = min(sms, total)
-    panel = even_panel(tiles_per_rank, swizzle)     # within a step
-    slab, words = push_shapes(M, N, W, block_m, block_n)
+    blocks = sms
+    panel = even_panel(tiles_per_rank, swizzle)      # within a step
+    slab = (r_rows, block_n + SUM_IN_PAD)
     mma = threads                                    # the multiplying threads: warps 4 ..
     out = _pushed_to(loopback)
 
-    def where(g):    # tile g of the step-by-step order: (step d, its row tile t within the owner's rows, column bx)
-        t, bx = tile_order(g % tiles, tiles_per_rank, tiles_n, panel)
+    def where(g, pnl):    # tile g of the step-by-step order: (step d, its row tile t in the owner's rows, column bx)
+        t, bx = tile_order(g % tiles, tiles_per_rank, tiles_n, pnl)
         return g // tiles + 1, t, bx
 
-    def tile_of(buf, e, w):    # call e's tile of word w in `buf` (R or rank me - 1's), its padded rows
-        return buf[_sum_row(e, w, slots, tiles, block_m):_sum_row(e, w, slots, tiles, block_m) + block_m, :]
+    def tile_of(buf, e, w, lay):    # call e's tile of word w in `buf` (R or rank me - 1's), its padded rows
+        return buf[_sum_row(e, w, slots, lay, block_m):_sum_row(e, w, slots, lay, block_m) + block_m, :]
 
     @T.prim_func
-    def gemm_rs_push(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((rows, N), dtype),
-                     R: T.Tensor(slab, dtype), arrived: T.Tensor(words, "uint64"),
-                     counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER),
-                     Rp: T.Tensor(slab, dtype), Ap: T.Tensor(words, "uint64")):
+    def gemm_rs_push(X: T.Tensor((W, m, K), dtype), Wt: T.Tensor((K, N), dtype), C: T.Tensor((m, N), dtype),
+                     R: T.Tensor(slab, dtype), arrived: T.Tensor((words,), "uint64"),
+                     counters: T.Tensor((blocks,), vectors.COUNTER), Rp: T.Tensor(slab, dtype),
+                     Ap: T.Tensor((words,), "uint64"), pushed: T.Tensor((words,), "uint64")):
         with T.Kernel(blocks, threads=128 + mma) as bid:
             As = T.alloc_shared((stages, block_m, block_k), dtype)
             Bs = T.alloc_shared((stages, block_k, block_n), dtype)
@@ -206,19 +219,25 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
             landed = T.alloc_shared((1,), "uint64", scope="shared")   # Rs holds its sum in (or is free: step 1)
             T.init_barrier(landed)
             e = T.alloc_local((1,), "uint64")
+            # a tile's words and places in 32-bit registers: indices of buffers of a run-time size are 64-bit, and a
+            # 64-bit division (of the tile's number by the call's tiles) is a call, which serialises the wgmma
+            at = T.alloc_local((4,), "int32")
+            pnl = T.alloc_local((2,), "int32")            # the panel: computed once (a chain of selects), and
+            pnl[0] = panel                                # the layout's tiles per owner
+            pnl[1] = layout
             e[0] = T.call_number(counters)               # (the sums warps' every use of it)
             tx = T.get_thread_binding()
             me = T.get_rank()
-            mine = T.ceildiv(total - bid, blocks)        # this block's tiles
+            mine = T.max(T.ceildiv(total - bid, blocks), 0)   # this block's tiles (none: fewer tiles than blocks)
             if tx < 128:                                  # warpgroup 0: its registers given up at once (PTX:
                 T.set_max_nreg(40, 0)                     # every warp of a warpgroup runs the same setmaxnreg)
                 if tx < 32:                               # 1: X and W, by TMA
                     for it in T.serial(mine * k_tiles):
                         s, ko = it % stages, it % k_tiles
-                        d, t, bx = where((it // k_tiles) * blocks + bid)
-                        rb = ((me + d) % W) * tiles_per_rank + t
+                        d, t, bx = where((it // k_tiles) * blocks + bid, pnl[0] if swizzle > 0 else 0)
+                        src = (me + d) % W
                         T.mbarrier_wait_parity(empty[s], ((it // stages) & 1) ^ 1)
-                        T.tma_copy(X[rb * block_m:(rb + 1) * block_m, ko * block_k:(ko + 1) * block_k],
+                        T.tma_copy(X[src, t * block_m:(t + 1) * block_m, ko * block_k:(ko + 1) * block_k],
                                    As[s, :, :], barrier=full[s], leader_scope_threads=32)
                         T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n],
                                    Bs[s, :, :], barrier=full[s], leader_scope_threads=32)
@@ -226,30 +245,32 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
                             T.mbarrier_arrive(full[s])
                 else:                                     # 3: the sums: warps 1-3 push, warp 1 alone waits,
                     for j in T.serial(mine):              # loads, stores my rows and counts
-                        d, t, bx = where(j * blocks + bid)
-                        tile = t * tiles_n + bx
+                        d, t, bx = where(j * blocks + bid, pnl[0] if swizzle > 0 else 0)
+                        at[0] = (d - 2) * pnl[1] + t * tiles_n + bx   # the word of the sum in (step d > 1)
+                        at[1] = at[0] + pnl[1]                         # ... and of the sum out
+                        at[2] = t * block_m                            # the tile's first row, first column
+                        at[3] = bx * block_n
                         if tx < 64:
                             if d > 1:
-                                w_in = (d - 2) * tiles + tile
-                                T.wait_until(arrived[w_in], cmp="ge", value=e[0])
-                                T.load_async(tile_of(R, e[0], w_in), Rs, barrier=landed)
+                                T.wait_until(arrived[at[0]], cmp="ge", value=e[0])
+                                T.load_async(tile_of(R, e[0], at[0], pnl[1]), Rs, barrier=landed)
                             elif tx == 32:
                                 T.arrive_barrier(landed)
                         T.mbarrier_wait_parity(summed[0], j & 1)
-                        if d == W:                        # my rows, complete (written before the block ends)
-                            if tx < 64:
-                                T.store_async(Rs[0:block_m, 0:block_n], C[t * block_m:(t + 1) * block_m,
-                                                                             bx * block_n:(bx + 1) * block_n],
+                        if d == W:                        # my rows, complete (written before the block ends):
+                            if tx < 64:                   # those of the call (the last tile's may be fewer)
+                                n = T.min(block_m, m - at[2])
+                                T.store_async(Rs[0:n, 0:block_n], C[at[2]:at[2] + n, at[3]:at[3] + block_n],
                                               wait="written")
                         else:                             # plain stores (T.store_tile: why, there)
-                            w_out = (d - 1) * tiles + tile
-                            T.store_tile(Rs, tile_of(out(R, Rp), e[0], w_out), threads=(32, 96))
-                            if tx < 64:
-                                T.release_stores(out(arrived, Ap)[w_out], 1, scope="sys")
+                            T.store_tile(Rs, tile_of(out(R, Rp), e[0], at[1], pnl[1]), threads=(32, 96))
+                            if tx < 64:                   # the count up to e (release_stores converges the warp
+                                T.release_stores(out(arrived, Ap)[at[1]], e[0] - pushed[at[1]], scope="sys")
+                                pushed[at[1]] = e[0]      # before its lanes note the push)
             else:                                         # 2: the GEMM and the add (1 or 2 warpgroups)
                 T.set_max_nreg(232, 1)
                 for j in T.serial(mine):
-                    d, t, bx = where(j * blocks + bid)
+                    d, t, bx = where(j * blocks + bid, pnl[0] if swizzle > 0 else 0)
                     for ko in T.serial(k_tiles):
                         s = (j * k_tiles + ko) % stages
                         T.mbarrier_wait_parity(full[s], ((j * k_tiles + ko) // stages) & 1)
@@ -268,49 +289,60 @@ def _push_persistent_func(M, N, K, world_size, dtype, block_m, block_n, block_k,
 
 
 @tilescale.jit
-def gemm_rs_gemm_kernel(M: int, N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
+def gemm_rs_gemm_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
                         block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
-    """The GEMM of :class:`GemmRS`: partial rows in the order their owners reduce them, with counts."""
+    """The GEMM of :class:`GemmRS`'s pull path: partial rows in the order their owners reduce them, with counts.
+    The rows per rank `m` are a run-time size (X: (W, m, K)), and so is the op's bound (``done``: `row_blocks`
+    words, W x its row tiles per rank; ``P``: two halves of as many row tiles). The grid covers the bound's row
+    tiles, so that every call counts every word of ``done`` (``per_block`` a call): a tile past the call's rows
+    multiplies nothing (no step of K) and stores zeros."""
     W = world_size
-    tiles_m = M // block_m
-    tiles_per_rank = tiles_m // W
-
+    m, row_blocks, p_rows = T.dynamic("m"), T.dynamic("row_blocks"), T.dynamic("p_rows")
+    tiles_per_rank = row_blocks // W                  # at the bound (P's and done's layout)
     tiles_n = -(-N // block_n)
+    k_tiles = -(-K // block_k)
 
     @T.prim_func
-    def gemm_rs_gemm(X: T.Tensor((M, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((2 * M, N), dtype),
-                     done: T.Tensor((tiles_m,), "uint64"), counters: T.Tensor((tiles_n * tiles_m,), vectors.COUNTER)):
-        with T.Kernel(tiles_n, tiles_m, threads=threads) as (bx, by):
+    def gemm_rs_gemm(X: T.Tensor((W, m, K), dtype), Wt: T.Tensor((K, N), dtype), P: T.Tensor((p_rows, N), dtype),
+                     done: T.Tensor((row_blocks,), "uint64"),
+                     counters: T.Tensor((tiles_n * row_blocks,), vectors.COUNTER)):
+        with T.Kernel(tiles_n, row_blocks, threads=threads) as (bx, by):
             Xs, Ws, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             e = T.call_number(counters)
             p = T.cast(e % 2, "int32")                        # this call's half of P
             me = T.get_rank()
-            rb = (by + (me + 1) * tiles_per_rank) % tiles_m   # rank+1's rows first, own rows last
-            tile_loop(X, Wt, P, Xs, Ws, Cl, Cs, rb, bx, stages, False, c_rb=p * tiles_m + rb)  # a TMA store
+            t = by % tiles_per_rank
+            src = (me + 1 + by // tiles_per_rank) % W         # rank+1's rows first, own rows last
+            rb = T.alloc_local((1,), "int32")                 # (32-bit: done's index is 64-bit, and a 64-bit
+            rb[0] = src * tiles_per_rank + t                  # division a call, which serialises the wgmma)
+            main_loop(X, Wt, Xs, Ws, Cl, t, bx, stages, 0, T.if_then_else(t * block_m < m, k_tiles, 0), a_src=src)
+            T.copy(Cl, Cs)
+            store_tile(Cs, P, p * row_blocks + rb[0], bx)     # a TMA store
             if T.get_thread_binding() // 32 == storing_warp(threads):   # once written: one release per tile,
-                T.release_stores(done[rb], 1, scope="sys")               # by the warp that issued the store
+                T.release_stores(done[rb[0]], 1, scope="sys")            # by the warp that issued the store
 
     return gemm_rs_gemm
 
 
 @tilescale.jit
-def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, blocks: int, dtype: str = "bfloat16",
+def gemm_rs_reduce_kernel(N: int, world_size: int, per_block: int, blocks: int, dtype: str = "bfloat16",
                           block_m: int = 128, col_tile: int = 256, threads: int = 512):
-    """The reduction of :class:`GemmRS`: C_local = sum over ranks of their partial rows of this rank."""
+    """The reduction of :class:`GemmRS`: C_local = sum over ranks of their partial rows of this rank, the call's
+    `m` rows (C: (m, N); P and done of the op's bound, as :func:`gemm_rs_gemm_kernel`'s)."""
     W = world_size
-    rows = M // W
-    tiles_per_rank = rows // block_m
+    m, row_blocks, p_rows = T.dynamic("m"), T.dynamic("row_blocks"), T.dynamic("p_rows")
+    tiles_per_rank = row_blocks // W                  # at the bound
     col_tiles = N // col_tile
-    units = tiles_per_rank * col_tiles
+    units = T.ceildiv(m, block_m) * col_tiles         # this call's
 
     @T.prim_func
-    def gemm_rs_reduce(P: T.Tensor((2 * M, N), dtype), done: T.Tensor((M // block_m,), "uint64"),
-                       C: T.Tensor((rows, N), dtype), staging: T.Tensor((blocks, block_m, col_tile), dtype),
+    def gemm_rs_reduce(P: T.Tensor((p_rows, N), dtype), done: T.Tensor((row_blocks,), "uint64"),
+                       C: T.Tensor((m, N), dtype), staging: T.Tensor((blocks, block_m, col_tile), dtype),
                        counters: T.Tensor((blocks,), vectors.COUNTER)):
         with T.Kernel(blocks, threads=threads) as bid:
             acc = T.alloc_fragment((block_m, col_tile), "float32")
             e = T.call_number(counters)
-            p0 = T.cast(e % 2, "int32") * M                   # this call's half of P
+            p0 = T.cast(e % 2, "int32") * (row_blocks * block_m)   # this call's half of P
             me = T.get_rank()
             tx = T.get_thread_binding()
             for u in T.serial(T.ceildiv(units, blocks)):
@@ -334,21 +366,22 @@ def gemm_rs_reduce_kernel(M: int, N: int, world_size: int, per_block: int, block
                             T.get_block(P[r0:r0 + block_m, c0:c0 + col_tile], staging[bid, :, :], src_pe=s)
                             for i, k in T.Parallel(block_m, col_tile):
                                 acc[i, k] += staging[bid, i, k]
-                    T.copy(acc, C[t * block_m, c0])
+                    T.copy(acc, C[t * block_m, c0])           # (rows past m: not stored)
 
     return gemm_rs_reduce
 
 
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
             config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
-    """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
-    :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the GPU's SM count (the
-    push kernel's blocks)."""
+    """[(jit function, args)] of the kernels :class:`GemmRS` compiles for problems of up to `M` rows (W x rows per
+    rank) on `path` (None: :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the
+    GPU's SM count (the push kernel's blocks). The rows (and the buffers' sizes) are run-time arguments of each
+    call: M only chooses the config (the tuning table's for M)."""
     push = (path or default_path(world_size, K_local)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape)
     cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
-    gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+    gemm_args = (N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
     if push:
         return [(gemm_rs_push_kernel, gemm_args + (sms,))]
@@ -357,13 +390,15 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = N // cfg.block_n                          # T.release_stores: one count per tile
     return [(gemm_rs_gemm_kernel, gemm_args),
-            (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
+            (gemm_rs_reduce_kernel, (N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
 
 
 class GemmRS(Op):
-    """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct. `path`: "push" or "pull"
-    (module docstring; None: :func:`default_path`, the fastest this job can take); `reduce_blocks`: the SMs of the pull
-    path's reduction."""
+    """``reduce_scatter(X_local @ W_local)`` for fixed N, K and dtype; collective to construct. `M` is the bound of
+    the rows (W x rows per rank): a call takes `x` of W x m rows for any m <= M / W (the same m on every rank) and
+    returns m rows, with the kernels built once (the rows are a kernel argument; the buffers are sized for M).
+    `path`: "push" or "pull" (module docstring; None: :func:`default_path`, the fastest this job can take);
+    `reduce_blocks`: the SMs of the pull path's reduction."""
 
     NAME, KERNEL = "GemmRS", "gemm_rs"
     GRAPH_SAFE = True     # the kernels count calls on the device (module docstring)
@@ -398,51 +433,59 @@ class GemmRS(Op):
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
             jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path,
                            sms if sms is not None else 132)
-            check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][5])
+            check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][4])
         W = self.world_size
         self.path = path
         self.compile_ahead(jobs)                   # its kernels side by side; build() takes them
         (gemm_fn, self.gemm_args) = jobs[0]
-        self.block_m, block_n = self.gemm_args[5], self.gemm_args[6]
+        self.block_m, block_n = self.gemm_args[4], self.gemm_args[5]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
-        tiles = (M // self.block_m) * -(-N // block_n)
+        self.rows = M // W                         # the bound of a call's rows per rank
+        row_blocks = W * -(-self.rows // self.block_m)                  # the bound's row tiles, every rank's
         if path == "push":
             slab, words = push_shapes(M, N, W, self.block_m, block_n)
             self.R = self.symmetric(slab, dtype)                         # the sums in from rank + 1
             self.arrived = self.symmetric(words, torch.uint64, zero=True)  # their counts
-            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)
-            self.gemm_counters = self.call_counters(tiles)
+            self.pushed = torch.zeros(words, dtype=torch.uint64, device=self.device)   # mine to rank - 1: up to
+            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)   # which call
+            self.gemm_counters = self.call_counters(self.gemm_args[-1])   # a word per block (the SMs)
             prev = (self.rank - 1) % W                                     # Rp, Ap: rank - 1's, where mine go
             self._tail = (self.R, self.arrived, self.gemm_counters, symm.peer_tensor(self.R, prev),
-                          symm.peer_tensor(self.arrived, prev))
+                          symm.peer_tensor(self.arrived, prev), self.pushed)
             self._tail_ptrs = tuple(t.data_ptr() for t in self._tail)
+            self._sizes = (slab[0], words[0])                              # R's rows, arrived's words
             self.launch_path = "direct" if self._direct is not None else "tilelang"
             return
         (reduce_fn, self.reduce_args) = jobs[1]
-        self.P = self.symmetric((2 * M, N), dtype)     # the partials of even calls, then of odd ones
-        self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
+        self.P = self.symmetric((2 * row_blocks * self.block_m, N), dtype)   # the partials of even calls, then odd
+        self.done = self.symmetric((row_blocks,), torch.uint64, zero=True)
         # where a peer's partial rows land before they are summed, for peers on other nodes (an NVSHMEM get's
         # local buffer must be symmetric, i.e. registered, to cross a network)
-        blocks, col_tile = self.reduce_args[4], self.reduce_args[7]
+        blocks, col_tile = self.reduce_args[3], self.reduce_args[6]
         self.staging = self.symmetric((blocks, self.block_m, col_tile), dtype)
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
+        tiles = row_blocks * -(-N // block_n)
         counters = self.call_counters(tiles + blocks)        # the GEMM's, then the reduction's
         self.gemm_counters, self.reduce_counters = counters[:tiles], counters[tiles:]
         self.launch_path = "tilelang"
 
     def _validate(self, x, w, out) -> None:
-        """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
-        all of the dtype on this GPU, handed to the kernels as they are: contiguous and 16-byte aligned."""
-        d, dt = self.device, self.dtype
-        checks.check_tensor("GemmRS", "x", x, shape=(self.M, self.K), dtype=dt, device=d, contiguous=True,
+        """The call checks (agreed across ranks): `x` (W x m, K_local), m <= M / W, `w` (K_local, N) and `out`
+        (m, N), all of the dtype on this GPU, handed to the kernels as they are: contiguous and 16-byte aligned."""
+        d, dt, W = self.device, self.dtype, self.world_size
+        rows = x.shape[0] if getattr(x, "dim", lambda: 0)() == 2 else self.M
+        if rows > self.M or rows % W:
+            checks.fail("GemmRS", "x", checks.describe(x), f"W x m rows, m <= M / world_size = {self.M // W} (the "
+                        f"bound of this op, built for M={self.M}: more rows need an op of their own), W = {W}")
+        checks.check_tensor("GemmRS", "x", x, shape=(rows, self.K), dtype=dt, device=d, contiguous=True,
                             aligned=True)
         checks.check_tensor("GemmRS", "w", w, shape=(self.K, self.N), dtype=dt, device=d, contiguous=True,
                             aligned=True)
         if out is not None:
-            checks.check_tensor("GemmRS", "out", out, shape=(self.M // self.world_size, self.N), dtype=dt, device=d,
-                                contiguous=True, aligned=True, what="M / world_size rows")
+            checks.check_tensor("GemmRS", "out", out, shape=(rows // W, self.N), dtype=dt, device=d,
+                                contiguous=True, aligned=True, what="the rows of x / world_size")
 
     def call_key(self, x, w, out):
         return checks.signature(x, True), checks.signature(w, True), checks.signature(out, True)
@@ -451,20 +494,24 @@ class GemmRS(Op):
         import torch
 
         stream = self.begin(x, w, out)
-        c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
-                                                    device=x.device)
+        W = self.world_size
+        m = x.shape[0] // W                # the call's rows per rank
+        c = out if out is not None else torch.empty(m, self.N, dtype=self.dtype, device=x.device)
+        if m == 0:
+            return c
+        xv = x.view(W, m, self.K) if W > 1 else x     # as the kernels see it: rank q's rows, X[q]
         if self.path == "push":            # one kernel (module docstring, push)
             direct = self._direct
             if direct is None:
-                self.gemm.launch(x, w, c, *self._tail)
-            elif direct[0](x.data_ptr(), w.data_ptr(), c.data_ptr(), *self._tail_ptrs, stream):
+                self.gemm.launch(xv, w, c, *self._tail)
+            elif direct[0](x.data_ptr(), w.data_ptr(), c.data_ptr(), *self._tail_ptrs, m, *self._sizes, stream):
                 raise self.launch_error()
             return c
         main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             self.reduce.launch(self.P, self.done, c, self.staging, self.reduce_counters)
-        self.gemm.launch(x, w, self.P, self.done, self.gemm_counters)
+        self.gemm.launch(x.view(W, m, self.K), w, self.P, self.done, self.gemm_counters)
         main.wait_stream(self.stream)
         if not _capturing():    # (a graph's memory is its own pool: nothing to tell the allocator)
             c.record_stream(self.stream)
@@ -472,8 +519,8 @@ class GemmRS(Op):
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(M, N, K, dtype, world_size):
-    return GemmRS(M, N, K, dtype)
+def _cached(M, N, K, dtype, world_size, config):
+    return GemmRS(M, N, K, dtype, config=config)     # (the ops of one config share their kernels)
 
 
 _fn_check = checks.CallCheck("gemm_rs")
@@ -490,11 +537,13 @@ def _validate_fn(x, w, W=None) -> None:
 
 
 def gemm_rs(x, w):
-    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per shape.
+    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per (N, K, dtype,
+    config).
 
-    Any number of rows divisible by the world size: when the rows per rank are not a multiple of 128, each
-    rank's slice of `x` is padded with zero rows (one copy of `x`; zero rows add nothing) and the padding
-    rows of the result are dropped."""
+    Any number of rows divisible by the world size, run as they are by an op of a bound of rows per rank
+    (tilescale.ops.op_cache.cached_op: the rows rounded up to a power of two, or a larger op cached with the same
+    config); ops of one config share their kernels, so new rows build nothing unless the tuning table picks another
+    config for their bound."""
     from .. import runtime
 
     rt = checks.runtime_or_none()
@@ -502,10 +551,5 @@ def gemm_rs(x, w):
               rt.info.world_size if rt is not None else None)
     W = runtime.current().info.world_size
     (M, K), N = x.shape, w.shape[1]
-    rows = M // W
-    rp = padded_rows(rows)
-    if rp == rows:
-        return _cached(M, N, K, x.dtype, W)(x, w)
-    x_p = x.new_zeros((W, rp, K))
-    x_p[:, :rows].copy_(x.reshape(W, rows, K))
-    return _cached(W * rp, N, K, x.dtype, W)(x_p.view(W * rp, K), w)[:rows]
+    op = "gemm_rs_push" if default_path(W, K) == "push" else "gemm_rs"
+    return op_cache.cached_op(_cached, M // W, N, K, x.dtype, W, op)(x, w)
