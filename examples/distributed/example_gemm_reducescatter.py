@@ -45,7 +45,9 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
     kl = K // W
     paths = ("push", "pull") if default_path(W) == "push" else ("pull",)
     prebuild.on_local_rank0([job for d in ("bfloat16", "float16") for p in paths
-                             for job in kernels(M, N, kl, W, d, path=p)])
+                             for job in kernels(M, N, kl, W, d, path=p)]
+                            + [job for d in ("bfloat16", "float16")                  # tilescale.ops.gemm_rs's
+                               for job in prebuild.gemm_rs_jobs([(M, K, N)], W, d, cached=True)])
     rows = slice(rank * (M // W), (rank + 1) * (M // W))
     for dtype, path in ((d, p) for d in (torch.bfloat16, torch.float16) for p in paths):
         op = tilescale.ops.GemmRS(M, N, kl, dtype, path=path)

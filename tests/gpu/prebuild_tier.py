@@ -41,7 +41,8 @@ def jit_jobs(world_size: int) -> list:
             jobs.append((allgather_kernel, (world_size, bpp, dt)))
         for cached in (False, True):                                     # (M, K, N) of its test: op and function
             jobs += prebuild.ag_gemm_jobs([(1024 * world_size, 2048, 1024)], world_size, dt, cached=cached)
-        jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt)
+        for cached in (False, True):
+            jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt, cached=cached)
     # tests/gpu/graphs_main.py's replay_host_work: AllGather of 1 MiB per rank, fp32
     jobs.append((allgather_kernel, (world_size, default_blocks_per_peer(1 << 20, world_size), "float32")))
     fg = importlib.import_module("fused_graphs_main")                   # tests/test_graphs_gpu.py's fused test
