@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch")
 
 from tilescale import runtime  # noqa: E402
 from tilescale.ops import allgather_gemm as agm  # noqa: E402
-from tilescale.ops import checks, gemm, op_cache, torch_ops  # noqa: E402
+from tilescale.ops import checks, gemm, op_cache  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as grs  # noqa: E402
+from tilescale.pytorch import torch_ops  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = (136, 264, 520, 1000, 2048, 3000, 4096, 8192)   # batch sizes (gathered rows), as issue 37 asks

@@ -31,10 +31,10 @@ def rel_err(got, want) -> float:
 def run(info):
     import torch
 
-    from tilescale import staged_collectives
     from tilescale.ops import allgather_gemm, prebuild
     from tilescale.ops.gemm import gemm_config
     from tilescale.ops.op_cache import row_bound
+    from tilescale.pytorch import staged_collectives
 
     dist = staged_collectives.for_cuda()   # NCCL; gloo on host copies when ranks share a GPU
     rank, W = info.rank, info.world_size
