@@ -8,6 +8,7 @@ import re
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -251,3 +252,26 @@ def test_a_device_wait_that_gave_up_quotes_its_line(tmp_path):
         assert "The wait:" not in diagnostics.describe(rec)
     finally:
         del D.WAIT_SITES[424242]
+
+
+def test_waits_the_driver_would_not_let_us_watch_are_said_once(exits, capsys):
+    """A wait whose progress write the driver refused (the shim's ts_watch_failures) is not bounded: the op's calls
+    go on, and the watchdog says so once, naming the setting it cannot honour."""
+    rt = fake_rt(1)
+    rt.shim = types.SimpleNamespace(ts_watch_failures=lambda: 3)
+    dog = start_dog(rt, FakeStore())
+    threading.Event().wait(0.3)       # many polls
+    dog.stop.set()
+    dog.join(5)
+    err = capsys.readouterr().err
+    assert err.count("could not be watched") == 1 and "TILESCALE_WAIT_TIMEOUT_S does not bound them" in err
+    assert exits == []
+
+
+def test_the_shim_writes_a_waits_progress_with_the_default_flags():
+    """CUDA 12's stream memory operations (the _v2 entry points) refuse CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with
+    CUDA_ERROR_INVALID_VALUE, which failed every AG+GEMM call on GPUs; a refused write leaves the wait unwatched."""
+    src = (Path(__file__).resolve().parent.parent / "tilescale" / "csrc" / "ts_runtime.cu").read_text()
+    body = src[src.index("int watch_wait("):src.index("int watch_wait(") + 900]
+    assert "NO_MEMORY_BARRIER)" not in src and "CU_STREAM_WRITE_VALUE_DEFAULT" in body
+    assert "g_watch_failures" in body and "return 0;" in body

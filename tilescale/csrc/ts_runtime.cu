@@ -62,17 +62,23 @@ struct ts_watch {
 };
 static_assert(sizeof(ts_watch) == 32, "ts_watch: 4 words (tilescale/runtime/stream_waits.py WORDS)");
 
-// After a wait was queued on `s`: count the call in its slot and queue a write of its number into `done` (no
-// memory barrier: it orders nothing) behind the wait, so the watchdog sees a call that never passes it. Nothing
-// while `s` captures a CUDA graph: a replay would write a number the host never issued. Returns a CUresult.
+// After a wait was queued on `s`: count the call in its slot and queue a write of its number into `done` behind the
+// wait, so the watchdog sees a call that never passes it. Nothing while `s` captures a CUDA graph: a replay would
+// write a number the host never issued. The write takes the default flags: the driver's stream memory operations
+// of CUDA 12 (the "_v2" entry points cuGetProcAddress returns) refuse CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
+// with CUDA_ERROR_INVALID_VALUE, which failed every AG+GEMM call on 2 H200s. A write the driver refuses leaves
+// the wait unwatched (counted in ts_watch_failures) rather than failing the op's call. Returns a CUresult.
+unsigned long long g_watch_failures = 0;
 int watch_wait(const DriverOps& d, CUstream s, ts_watch* w) {
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (d.is_capturing == nullptr || d.write == nullptr) return -1;
   int rc = (int)d.is_capturing(s, &st);
   if (rc != 0 || st != CU_STREAM_CAPTURE_STATUS_NONE) return rc;
   unsigned long long k = w->issued + 1;
-  rc = (int)d.write(s, (CUdeviceptr)&w->done, (cuuint64_t)k, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-  if (rc != 0) return rc;
+  if (d.write(s, (CUdeviceptr)&w->done, (cuuint64_t)k, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+    __atomic_add_fetch(&g_watch_failures, 1ULL, __ATOMIC_RELAXED);
+    return 0;
+  }
   __atomic_store_n(&w->issued_ns, monotonic_ns(), __ATOMIC_RELAXED);
   __atomic_store_n(&w->issued, k, __ATOMIC_RELEASE);   // issued_ns first: a reader that sees k sees its time
   return 0;
@@ -80,6 +86,9 @@ int watch_wait(const DriverOps& d, CUstream s, ts_watch* w) {
 }  // namespace
 
 extern "C" {
+
+// Watched waits whose `done` write the driver refused (watch_wait): those waits are not bounded by the watchdog.
+unsigned long long ts_watch_failures() { return __atomic_load_n(&g_watch_failures, __ATOMIC_RELAXED); }
 
 int ts_version() {
   return NVSHMEM_VENDOR_MAJOR_VERSION * 10000 + NVSHMEM_VENDOR_MINOR_VERSION * 100 + NVSHMEM_VENDOR_PATCH_VERSION;

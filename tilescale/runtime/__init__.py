@@ -97,6 +97,7 @@ _SIGS = {
     "ts_stream_write_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong], ctypes.c_int),
     # a stream wait, and its slot of tilescale/runtime/stream_waits.py (None: not watched)
     "ts_stream_wait_geq_u64": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p], ctypes.c_int),
+    "ts_watch_failures": ([], ctypes.c_ulonglong),
     # a program of stream operations (tilescale/ops/stream_ops.py): streams, ops, count, &failed (raw addresses)
     "ts_stream_ops": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
     # the profiler's timed calls (tilescale/profiler/session.py ShimCalls): the op's ts_timed_fn and the two arguments

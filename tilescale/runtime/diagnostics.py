@@ -232,6 +232,17 @@ class Watchdog(threading.Thread):
         except Exception:  # noqa: BLE001
             self.store = None
 
+    def _say_unwatched(self, me: int) -> None:
+        """Once: stream waits the watchdog cannot see (the driver refused the write of their progress, the shim's
+        ts_watch_failures) are not bounded; said, not raised (the op's calls go on)."""
+        fn = getattr(getattr(self.rt, "shim", None), "ts_watch_failures", None)
+        if fn is None or getattr(self, "_unwatched_said", False) or not fn():
+            return
+        self._unwatched_said = True
+        print(f"tilescale: rank {me}: warning: {fn()} stream wait(s) of AG+GEMM could not be watched (the CUDA "
+              "driver refused cuStreamWriteValue64 into host memory): TILESCALE_WAIT_TIMEOUT_S does not bound them",
+              file=sys.stderr, flush=True)
+
     def run(self) -> None:
         me = self.rt.info.rank
         key = failure_key(self.rt.generation)
@@ -244,6 +255,7 @@ class Watchdog(threading.Thread):
                 print(f"tilescale: rank {me}: {msg}", file=sys.stderr, flush=True)
                 publish_failure(self.rt, msg, wait=True)
                 continue
+            self._say_unwatched(me)
             late = waits.poll() if not self.reported else None
             if late is not None:    # a stream wait that never ends: no trap, no error to raise; say it, stop
                 self.reported = True
