@@ -114,3 +114,11 @@ def test_an_unfused_call_of_fewer_rows_gathers_into_the_first_rows_of_the_buffer
     g = op.gathered()
     assert g.data_ptr() == op._full.data_ptr() and torch.equal(g, torch.cat(shards))
     assert op._call_unfused(shards[1][:0], b, None).shape == (0, N) and len(sizes) == 1
+
+
+@pytest.mark.parametrize("M,N,K", [(4096.0, 2048, 8192), ("512", 2048, 8192), (0, 2048, 8192), (512, -1, 8192),
+                                   (True, 2048, 8192)])
+def test_sizes_the_op_will_refuse_run_fused_without_an_error(M, N, K):
+    """The path is decided before the op checks its arguments (so that ranks agree on it): a bad size gets no
+    error here (the op's checks name it) and no table row."""
+    assert fused_paths.lookup("ag_gemm", M, N, K, 4, "GPU X", TABLE) == "fused"

@@ -331,7 +331,10 @@ class AGGemm(Op):
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile,
                             split=split, fused=fused) as agreed:
-            if fused is not None and not isinstance(fused, bool):
+            if fused is None:   # the table's path, decided before any check can fail on this rank alone, so that
+                # a rank with a bad argument and one without still agree on it (only the bad argument is named)
+                agreed["fused"] = fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
+            if not isinstance(fused, bool):
                 checks.fail("AGGemm", "fused", checks.describe(fused), "a bool (or None: the committed table, "
                             "tilescale/ops/fused_paths.json)", type_error=True)
             profile = settings.profile_device if profile is None else profile
@@ -344,9 +347,7 @@ class AGGemm(Op):
                             type_error=True)
             agreed["profile"] = profile = bool(profile)
             kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config, 0)   # its errors: agreed
-            if fused is None:   # agreed too: every rank takes the same path
-                fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
-            agreed["fused"] = self.fused = fused
+            self.fused = fused
         self.M, self.N, self.K, self.dtype = M, N, K, dtype
         self.rows = M // self.world_size     # the bound of a call's rows per rank (`m`: those of the last call)
         self.m = self.rows

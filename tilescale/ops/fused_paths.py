@@ -28,9 +28,11 @@ def _load(path: str) -> dict:
 def lookup(op: str, M: int, N: int, K: int, world_size: int, gpu: str | None, table: dict | None = None) -> str:
     """"fused" or "unfused" for `op` ("ag_gemm") at (M, N, K) on `world_size` ranks of GPU model `gpu` (module
     docstring); `table` (default: the committed one) maps gpu -> str(world_size) -> op -> [[M, N, K, path], ...]."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (M, N, K)):
+        return "fused"      # (the op's own checks name a bad size)
     table = _load(str(TABLE)) if table is None else table
     rows = [r for r in table.get(gpu or "", {}).get(str(world_size), {}).get(op, []) if r[1] == N and r[2] == K]
-    if not rows or M <= 0:
+    if not rows:
         return "fused"
     best = min(rows, key=lambda r: (abs(math.log2(r[0] / M)), r[0]))
     return best[3] if best[3] in PATHS else "fused"
