@@ -315,6 +315,17 @@ def test_calls_of_fewer_rows_copy_and_pull_only_their_rows(fake_cuda, W, rank, n
             assert copy[2:5] == (op.a_full.data_ptr() + rank * 8 * rb, a.data_ptr(), m * rb)
 
 
+def _both_paths(log, op, a, b, c):
+    """(steps, fast): what the step-by-step path (the profiled call) issues for ``op(a, b, out=c)``, then what the
+    fast path issues for the same call; each returns `c`."""
+    with log.Mode():
+        assert op._call_steps(a, b, c, None) is c
+    steps, log.ops = log.ops, []
+    with log.Mode():
+        assert op(a, b, out=c) is c
+    return steps, log.ops
+
+
 @pytest.mark.parametrize("W,rank,near", [(3, 1, {0, 1, 2}), (4, 2, {2, 3}), (2, 0, {0})])
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, contiguous):
@@ -325,12 +336,7 @@ def test_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, near, con
     log = fake_cuda
     op = _ag_gemm(log, W, rank, near)
     a, b, c = _args(op, contiguous)
-    with log.Mode():
-        assert op._call_steps(a, b, c, None) is c
-    steps, log.ops = log.ops, []
-    with log.Mode():
-        assert op(a, b, out=c) is c
-    fast = log.ops
+    steps, fast = _both_paths(log, op, a, b, c)
     assert fast == steps
     kinds = [o[0] for o in fast]
     assert kinds.count("GEMM") == 2 and kinds[-1] == so.ZERO
@@ -393,18 +399,13 @@ def test_pulls_start_with_the_call(fake_cuda, W, rank, near, contiguous):
 def test_pulls_from_my_own_gpu_end_before_the_second_gemm(fake_cuda, W, rank, near, gpu):
     """A peer on this rank's GPU (ranks sharing one) is pulled by copy kernels: the main stream waits for its copy
     stream's last operation (the join event recorded after its ``freed`` signal) before the second GEMM, whose
-    waiting tiles would otherwise hold the SMs those copies need (run 24). Peers on other GPUs are not waited for
-    there. The fast path issues the same as the steps."""
+    waiting tiles would otherwise hold the SMs those copies need (they did: the op hung). Peers on other GPUs are
+    not waited for there. The fast path issues the same as the steps."""
     log = fake_cuda
     op = _ag_gemm(log, W, rank, near, gpu=gpu)
     a, b, c = _args(op)
-    with log.Mode():
-        op._call_steps(a, b, c, None)
-    steps, log.ops = log.ops, []
-    with log.Mode():
-        op(a, b, out=c)
-    assert log.ops == steps
-    fast = log.ops
+    steps, fast = _both_paths(log, op, a, b, c)
+    assert fast == steps
     second = [i for i, o in enumerate(fast) if o[0] == "GEMM"][1]
     peers = [(rank + j) % W for j in range(1, W)]
     for j, src in enumerate(peers):
@@ -695,13 +696,9 @@ def test_push_fast_path_issues_the_steps_in_their_order(fake_cuda, W, rank, cont
     log = fake_cuda
     op = _ag_gemm(log, W, rank, set(range(W)), protocol="push")
     a, b, c = _args(op, contiguous)
-    with log.Mode():
-        assert op._call_steps(a, b, c, None) is c
-    steps, log.ops = log.ops, []
-    with log.Mode():
-        assert op(a, b, out=c) is c
-    assert log.ops == steps
-    assert [o[0] for o in log.ops].count("GEMM") == 2
+    steps, fast = _both_paths(log, op, a, b, c)
+    assert fast == steps
+    assert [o[0] for o in fast].count("GEMM") == 2
 
 
 @pytest.mark.parametrize("W,rank", [(2, 1), (4, 1), (4, 3)])

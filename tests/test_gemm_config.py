@@ -455,7 +455,7 @@ def test_split_plan_splits_only_a_short_last_wave():
     assert split_plan(352, 132, 64) == SplitPlan(352, 264, 3)
     assert split_plan(88, 132, 16) == SplitPlan(88, 0, 3)        # less than a wave: every tile split
     assert split_plan(528, 132, 64).split == 1                   # whole waves: nothing to split
-    assert split_plan(1792, 132, 128).split == 1                 # 76 tail tiles of 14 waves: not worth it (run 24)
+    assert split_plan(1792, 132, 128).split == 1                 # 76 tail tiles of 14 waves: not worth it
     assert split_plan(3584, 132, 128).split == 1                 # 20 of 28 waves: gains < 2%
     assert split_plan(704, 132, 8).split == 2 and split_plan(704, 132, 7).split == 1   # 4 K tiles per slice at least
     assert split_plan(704, 132, 64, min_gain=0.5).split == 1

@@ -1,6 +1,6 @@
 """AG+GEMM on a shape whose last waves the plan splits along K (tilescale.ops.gemm.split_tile_loop): N = 2752 in 128x256
 tiles, M = 8192 (SPLITS below). At 2 and 4 ranks sharing one GPU the peers' rows are pulled by copy kernels, which
-end before the second GEMM starts (run 24 failed there before they did). Checked on every rank against torch on
+end before the second GEMM starts (the op hung there before they did). Checked on every rank against torch on
 random data with the output poisoned (NaN) before each call: 4 eager calls (the tail's counts carried from call to
 call), then a CUDA graph of one call replayed 6 times with new inputs, an eager call after each replay. Run by
 tests/test_gemm_config.py on 1, 2 and 4 ranks.

@@ -11,8 +11,8 @@ def never_signalled(world_size: int):
     @T.prim_func
     def hang(sig: T.Tensor((1,), "uint64")):
         # every thread of 528 blocks of 512 waits (all a 132-SM GPU holds at once): they give up together, one writes
-        # the record, none stops the kernel before it is complete (run 24: a full GEMM grid giving up at once left
-        # no record when every thread polled the record in host memory)
+        # the record, none stops the kernel before it is complete (a full GEMM grid giving up at once left no
+        # record when every thread polled the record in host memory)
         with T.Kernel(528, threads=512):
             T.wait_until(sig[0], cmp="eq", value=12345)
 

@@ -707,13 +707,20 @@ class AGGemm(Op):
             dist.all_gather_into_tensor(full, a_local.contiguous())
         return torch.matmul(full, b, out=out)
 
+    def _push_source(self, a_local):
+        """The rows a push call sends and its first GEMM reads: `a_local` itself when the copy engines and TMA can
+        read it (contiguous, 16-byte aligned; gathered() copies it into my rows of A_full later), else my rows of
+        A_full, filled from it by torch on the main stream first."""
+        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
+            self._last_a, self._slot_stale = a_local, True
+            return a_local
+        self._slot.copy_(a_local)
+        self._last_a, self._slot_stale = None, False
+        return self._slot
+
     def _call_push(self, fn, a_local, b, out, m):
         """A call of the push protocol (module docstring, "Push"): its programs and the two GEMMs."""
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
-            a, self._last_a, self._slot_stale = a_local, a_local, True
-        else:     # copied into my rows of A_full on the main stream first (torch), pushed from there
-            self._slot.copy_(a_local)
-            a, self._last_a, self._slot_stale = self._slot, None, False
+        a = self._push_source(a_local)
         base = a.data_ptr()
         for (op, _, _), off in zip(self._push_ops, self._push_from, strict=True):
             op.b = base + off
@@ -839,11 +846,7 @@ class AGGemm(Op):
         W, r, rows = self.world_size, self.rank, self.rows
         m = a_local.shape[0]
         chunks, c3 = self.chunk_rows(m), c.view(W, m, self.N)     # (C as the kernels see it)
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
-            a, self._last_a, self._slot_stale = a_local, a_local, True
-        else:
-            self._slot.copy_(a_local)
-            a, self._last_a, self._slot_stale = self._slot, None, False
+        a = self._push_source(a_local)
         self._start.record(main)                                                            # 1
         s.wait_event(self._start)
         h = s.cuda_stream
