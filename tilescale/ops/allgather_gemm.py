@@ -852,17 +852,18 @@ class AGGemm(Op):
         h = s.cuda_stream
         for j in range(1, W):                                                               # 2, 3
             dst = (r - j) % W
-            _ok(shim.ts_stream_wait_geq_u64(h, self._freed_here[dst], 1, self._first.watches.get(_label("freed", dst))),
-                "stream wait", "freed", dst)
-            _ok(shim.ts_stream_write_u64(h, self._freed_here[dst], 0), "stream write", "freed", dst)
+            at = self._freed_here[dst]
+            so.check(shim.ts_stream_wait_geq_u64(h, at, 1, self._first.watches.get(_label("freed", dst))), "AGGemm",
+                     so.WAIT_GEQ, h, at, 1, label=_label("freed", dst))
+            so.check(shim.ts_stream_write_u64(h, at, 0), "AGGemm", so.WRITE, h, at)
             with torch.cuda.stream(s):
                 if rec is not None:
                     rec.copies_begin(s, dst, "to")
                 for ch, (lo, n) in enumerate(chunks):
                     if n:      # past the call's rows: nothing to push (the flag is set all the same)
                         self._peers[dst][r * rows + lo:r * rows + lo + n].copy_(a[lo:lo + n], non_blocking=True)
-                    _ok(shim.ts_stream_write_u64(h, self._arrived_on[dst] + 8 * ch, 1), "stream write", "arrived",
-                        dst)
+                    at = self._arrived_on[dst] + 8 * ch
+                    so.check(shim.ts_stream_write_u64(h, at, 1), "AGGemm", so.WRITE, h, at, 1)
                     if rec is not None:
                         rec.copy_done(s, dst, ch, n * self.K * a.element_size())
         self._joins[0].record(s)
@@ -873,8 +874,8 @@ class AGGemm(Op):
         self.arrived.zero_()
         for q in range(W):
             if q != r:
-                _ok(shim.ts_stream_write_u64(main.cuda_stream, self._flag_at["freed"][q], 1), "stream write",
-                    "freed", q)
+                at = self._flag_at["freed"][q]
+                so.check(shim.ts_stream_write_u64(main.cuda_stream, at, 1), "AGGemm", so.WRITE, main.cuda_stream, at, 1)
         return c
 
 
@@ -882,12 +883,6 @@ def _label(flag: str, q: int) -> tuple:
     """The label of a stream wait for my flag `flag` (``ready`` / ``freed``) of rank `q`, which rank q sets: what the
     record of a wait that did not end within TILESCALE_WAIT_TIMEOUT_S names (tilescale/runtime/stream_waits.py)."""
     return ("AGGemm", f"{flag}[{q}]", q)
-
-
-def _ok(rc: int, what: str, flag: str, peer: int) -> None:
-    """A shim stream operation's result: RuntimeError naming it, its flag and the peer unless it is 0."""
-    if rc:
-        raise RuntimeError(f"AGGemm: {what} on flag {flag!r} of rank {peer} failed (CUresult {rc})")
 
 
 def _tma_ready(a):
