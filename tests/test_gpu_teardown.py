@@ -202,6 +202,7 @@ def test_ag_gemm_peer_fault_ends_every_other_rank(fault, nranks, placement):
         job.kill()
         raise
     ranks = dict(tuple(map(int, re.search(r"rank (\d+)\] AGGEMM pid=(\d+)", ln).groups())) for ln in lines)
+    job.rank_pids = list(ranks.values())      # finish() looks for their /dev/shm files
     pids = list(ranks.values()) + jobs.session_members(job.sid)
     if fault == "sigstop":
         time.sleep(1)                                # calls in flight

@@ -54,7 +54,10 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
                 raise AssertionError(f"[rank {rank}] ag_gemm {dtype} epoch {epoch}: relative max error {err:.3g}")
         c2 = tilescale.ops.ag_gemm(a, b)
         torch.cuda.synchronize()
-        testing.check_close("tilescale.ops.ag_gemm vs AGGemm", c2, c, rank)
+        # the function's cached op is built for a bound of rows of its own, whose tuned config may sum K in another
+        # order: equal to AGGemm's result up to bf16 / fp16 rounding, not bit for bit
+        testing.check_close("tilescale.ops.ag_gemm vs AGGemm", c2, c, rank, atol=1e-2 * ref.abs().max().item(),
+                            rtol=1e-2)
     print(f"[rank {rank}] OK: ag_gemm M={M} N={N} K={K} over {W} ranks matches torch (bf16, fp16)", flush=True)
 
 
