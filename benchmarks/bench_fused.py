@@ -105,7 +105,7 @@ def run_ag_gemm(info, shapes, dtype, quick):
         a_full = torch.empty(M, K, device="cuda", dtype=dtype)
         dist.all_gather_into_tensor(a_full, a)
         ref = a_full @ b
-        for o in {op, fop}:
+        for o in dict.fromkeys((op, fop)):    # the same order on every rank (a set's order follows ids)
             c.fill_(float("nan"))
             o(a, b, out=c)
             torch.cuda.synchronize()
@@ -114,16 +114,20 @@ def run_ag_gemm(info, shapes, dtype, quick):
                 raise AssertionError(f"[rank {rank}] ag_gemm {M}x{K}x{N} (fused={o is fop}): relative error "
                                      f"{err:.3g} vs torch")
         it = 5 if quick else 20
+        # kernels that take the rows at run time see C as (W, rows, N) and A_full as (W, rows, K)
+        runtime_rows = hasattr(fop, "chunk_rows")
+        c_k = c.view(W, M // W, N) if runtime_rows else c
         if W > 1:   # the GEMMs alone: every chunk marked as arrived, both launches reading the gathered buffer
             landed = torch.ones_like(fop.arrived)
             slot = fop.gathered()[rank * (M // W):(rank + 1) * (M // W)]
+            full_k = fop.gathered().view(W, M // W, K) if runtime_rows else fop.gathered()
 
             def ts_gemm():
-                fop.kernel_own(slot, b, c, *fop.tail[0])
-                fop.kernel(fop.gathered(), b, c, landed, *fop.tail[1])
+                fop.kernel_own(slot, b, c_k, *fop.tail[0])
+                fop.kernel(full_k, b, c_k, landed, *fop.tail[1])
         else:       # the GEMM of the own rows is all there is
             def ts_gemm():
-                fop.kernel_own(a, b, c, *fop.tail[0])
+                fop.kernel_own(a, b, c_k, *fop.tail[0])
         fns = dict(
             nccl=lambda: dist.all_gather_into_tensor(a_full, a),
             cublas=lambda: torch.matmul(a_full, b, out=ref),
@@ -137,7 +141,7 @@ def run_ag_gemm(info, shapes, dtype, quick):
             fns["async_tp"] = lambda: ag_mm(a, [b], 0, group)
         t = timer(fns, it)
         rows.append(dict(op="ag_gemm", M=M, K=K, N=N, path="fused" if fused else "unfused", **t))
-        for o in {op, fop}:
+        for o in dict.fromkeys((op, fop)):    # the same order on every rank (a set's order follows ids)
             o.close()
     return rows
 
