@@ -216,6 +216,7 @@ def make_ag_gemm(W):
         op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
         op._direct_own = (counted("kernel direct launch", c_noop([VP] * 3 + rows_args + [VP])), lambda: b"")
         op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail; unused by older trees)
+        op._ws = op._sizes = [(), ()]                 # (this tree's names of the same)
     direct = (counted("kernel direct launch", c_noop([VP] * 4 + rows_args * 2 + [VP])), lambda: b"")
     if hasattr(cls, "_plan_push") and W == 2:   # this tree: two ranks on two GPUs push (agm.protocol_for)
         op.protocol, op.streams = "push", op.streams[:1]

@@ -246,7 +246,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, with_ops=True, gpu=(), protocol
     op._arrived_on = [0x500000 + 0x1000 * p + 8 * rank * chunks for p in range(W)]
     op._slot = op.a_full[rank * rows:(rank + 1) * rows]
     op.kernels_prof, op.tiles, op._last_a = None, [1, 1], None
-    op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail)
+    op._ws, op._sizes, op._tail_ptrs = [(), ()], [(), ()], [(), ()]   # plain grids (no split tail)
     op.kernel = SimpleNamespace(launch=lambda *t: log.ops.append(("GEMM", log.current, *[x.data_ptr() for x in t])))
     op.kernel_own = op.kernel
 
@@ -620,26 +620,26 @@ def test_the_gemm_takes_its_direct_entry():
 
     from tilescale.ops.direct_launch import argtypes_for, call_signature
 
-    tail = ("work", "tail_arrived", "tail_fixed")
+    tail, sizes = agm.SPLIT_PARAMS, agm.SPLIT_SIZES
     [(_, split)] = agm.kernels(512, 2752, 1024, 1, "float16")    # 44 tiles < 132 SMs, split in 3
     assert agm.kernel_plan(split, 512).split == 3
     [_, (_, peers_split)] = agm.kernels(1024, 2752, 1024, 2, "float16")   # the other rank's 44 tiles, split too
     assert agm.kernel_plan(peers_split, 1024).split == 3
-    ptr, rows = [ctypes.c_void_p], [ctypes.c_int]
+    ptr, ints = [ctypes.c_void_p], [ctypes.c_int]
     for args, kw, names, types in (
             ((512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived", "slot_rows", "m"),
-             ptr * 4 + rows * 2),
-            ((512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C", "m"), ptr * 3 + rows),
-            (split, {}, ("A", "B", "C", *tail, "m"), ptr * 6 + rows),
-            (peers_split, {}, ("A", "B", "C", "arrived", *tail, "slot_rows", "m"), ptr * 7 + rows * 2)):
+             ptr * 4 + ints * 2),
+            ((512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C", "m"), ptr * 3 + ints),
+            (split, {}, ("A", "B", "C", *tail, "m", *sizes), ptr * 6 + ints * 5),
+            (peers_split, {}, ("A", "B", "C", "arrived", *tail, "slot_rows", "m", *sizes), ptr * 7 + ints * 6)):
         r = agm.ag_gemm_kernel.build(*args, **kw)   # tests/prebuild_cpu_tier.py
         host = Path(r.library).with_suffix(".cu").read_text()
         got = argtypes_for(call_signature(host), names)
         assert got == types + ptr, host[host.find("int call("):][:400]     # (the stream last)
     src = inspect.getsource(agm.AGGemm.__init__)
-    assert 'self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m"))' in src
-    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m"))' in src
-    assert 'tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]' in src
+    assert 'self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m", *sizes[0]))' in src
+    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m",' in src
+    assert 'tail, sizes = [SPLIT_PARAMS if z else () for z in self._sizes], [SPLIT_SIZES if z else ()' in src
 
 
 def test_the_cpu_harness_runs():

@@ -1035,8 +1035,8 @@ def test_bench_prebuilds_both_gemms_plain_and_stamped(W):
     jobs, _ = _bench()._jobs(4096, 1024, 2048, W)
     gemms = [args for fn, args in jobs if fn is ag_gemm_kernel]
     own = [True, True, False, False][:2 if W == 1 else 4]
-    # args end with (profile, own, split, tail)
-    assert [a[-3] for a in gemms] == own and [a[-4] for a in gemms] == [False, True] * (len(own) // 2)
+    # args end with (profile, own, sms)
+    assert [a[-2] for a in gemms] == own and [a[-3] for a in gemms] == [False, True] * (len(own) // 2)
 
 
 def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):

@@ -95,8 +95,8 @@ from .gemm import (
     check_problem,
     problem_config,
     split_block,
-    split_buffers,
     split_plan,
+    split_sizes,
     split_tile_loop,
     split_workspace,
     tile_buffers,
@@ -106,20 +106,32 @@ from .gemm import (
 
 __all__ = ["AGGemm", "ag_gemm"]
 
+# a split grid's parameters in its C entry point: after C (and arrived), and after the rows (AGGemm's direct launch)
+SPLIT_PARAMS = ("work", "tail_arrived", "tail_fixed", "slices", "tail")
+SPLIT_SIZES = ("work_tiles", "tail_words")
+
 
 @T.macro
 def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, m, *, W: int, chunks: int, elem: int,
              stages: int, threads: int, profile: bool, own: bool):
     """One block of :func:`ag_gemm_kernel`: the tile (`by`: row of the kernel's grid, `bx`: column), its chunk's
     wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `m`: the call's rows per rank; `split`: None (the whole
-    tile), or (work, arrived, fixed, tile, slice, first K tile, K tiles, plan, first tail tile) of a split grid
+    tile), or (work, arrived, fixed, tile, slice, first K tile, K tiles, first tail tile, slices) of a split grid
     (tilescale.ops.gemm.split_tile_loop)."""
     block_m = As.shape[0]
     tiles_per_rank = T.ceildiv(m, block_m)
     me = T.get_rank()
-    t = by if own else by % tiles_per_rank                # the row tile within its rank's rows
-    src = me if own else (me + 1 + by // tiles_per_rank) % W   # rank+1's rows first, then rank+2, ...: pull order
-    chunk = t // chunk_tiles(tiles_per_rank, m, A.shape[-1], chunks, elem)
+    if own:
+        t, src = by, me
+        chunk = t // chunk_tiles(tiles_per_rank, m, A.shape[-1], chunks, elem)
+    else:                      # in registers (tilescale.ops.gemm, NOTE [registers]); t, src read by the epilogue too
+        at = T.alloc_local((3,), "int32")
+        at[0] = by % tiles_per_rank                     # the row tile within its rank's rows
+        at[1] = (me + 1 + by // tiles_per_rank) % W     # rank+1's rows first, then rank+2, ...: pull order
+        at[2] = at[0] // chunk_tiles(tiles_per_rank, m, A.shape[-1], chunks, elem)
+        t = at[0]
+        src = at[1]
+        chunk = at[2]
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS] = T.timestamp()
@@ -128,14 +140,15 @@ def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, m, *, 
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS + 1] = T.timestamp()
-            for i, v in enumerate((T.smid(), src, chunk, src * tiles_per_rank + t, bx)):
-                prof[slot * TILE_WORDS + 3 + i] = T.cast(v, "uint64")
+            fields = (T.smid(), src, chunk, src * tiles_per_rank + t, bx)   # (indexed: a name bound to a
+            for i in (0, 1, 2, 3, 4):                                        # variable would rename it)
+                prof[slot * TILE_WORDS + 3 + i] = T.cast(fields[i], "uint64")
     if split is None:
         tile_loop(A, B, C, As, Bs, Cl, Cs, t, bx, stages, False, a_src=None if own else src, c_src=src)
     else:
-        work, tail_arrived, tail_fixed, tile, s, k0, kn, plan, full = split
-        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, t, bx, tile, s, k0, kn, plan, stages,
-                        threads // 32, full=full, a_src=None if own else src, c_src=src)
+        work, tail_arrived, tail_fixed, tile, s, k0, kn, full, slices = split
+        split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, tail_arrived, tail_fixed, t, bx, tile, s, k0, kn, None, stages,
+                        threads // 32, full=full, a_src=None if own else src, c_src=src, slices=slices)
     if profile:
         if T.get_thread_binding() == 0:
             prof[slot * TILE_WORDS + 2] = T.timestamp()
@@ -171,9 +184,9 @@ def grid_plan(M: int, N: int, K: int, world_size: int, block_m: int, block_n: in
 @tilescale.jit
 def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16", block_m: int = 128,
                    block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
-                   profile: bool = False, own: bool = False, split: int = 1, tail: int = 0):
+                   profile: bool = False, own: bool = False, sms: int = 0):
     """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (W x m rows, N columns), the rows
-    per rank `m` a run-time argument (the last of the kernel's; one build serves every row count):
+    per rank `m` a run-time argument (one build serves every row count):
 
     - `own`: this rank's rows, ``C[me] = A @ B`` with `A` its shard (m, K) as the caller gave it; nothing is waited
       for (step 1 of the module docstring);
@@ -187,10 +200,11 @@ def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "b
     the chunks of a shard (0: :func:`pull_chunks` of the call's shard, computed in the kernel from m, as the host
     does: :func:`chunk_tiles`).
 
-    `split`, `tail` (from :func:`grid_plan`): the last `tail` tiles of the grid (fewer when a call has fewer) run
-    as `split` slices along K each (tilescale.ops.gemm.split_tile_loop): the grid is then 1-D in the same tile
-    order and the kernel takes three more parameters, ``work, tail_arrived, tail_fixed``
-    (tilescale.ops.gemm.split_workspace, for `tail` tiles), before `prof`.
+    `sms` (0: the plain 2-D grid): a 1-D grid, in the same tile order, whose last ``tail`` tiles run as ``slices``
+    slices along K each (tilescale.ops.gemm.split_tile_loop), both run-time arguments: a call's :func:`grid_plan`
+    on `sms` SMs, as the kernel built for its rows alone would split them (slices 1, tail 0: none split). It then
+    takes ``work, tail_arrived, tail_fixed`` (tilescale.ops.gemm.split_workspace, of run-time sizes: for the
+    largest of the plans it serves) and ``slices, tail`` after its other parameters, before `prof`.
 
     `profile=True` adds a parameter `prof` (uint64, TILE_WORDS per block of the grid, `prof_words` a run-time
     size) where thread 0 of each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry,
@@ -202,12 +216,16 @@ def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "b
     tiles_n = (N + block_n - 1) // block_n
     grid_m = tiles_per_rank if own else tiles_per_rank * (W - 1)
     k_tiles = -(-K // block_k)
-    split = split if tail > 0 else 1
-    plan = SplitPlan(tail, 0, split)                   # (the workspace's tail tiles; `full` is set per call)
     tiles = grid_m * tiles_n
-    full = T.max(tiles - tail, 0)
-    blocks = full + (tiles - full) * split
-    Work, TailArrived, TailFixed = split_buffers(plan, block_m, block_n) if split > 1 else (None, None, None)
+    split = sms > 0
+    if split:
+        work_tiles, words = T.dynamic("work_tiles"), T.dynamic("tail_words")
+        Work = T.Tensor((work_tiles, block_m, block_n), "float32")
+        TailArrived, TailFixed = T.Tensor((words,), "uint64"), T.Tensor((words,), "uint64")   # (two objects:
+        # a parameter per annotation object)
+        Slices = Tail = T.int32
+    else:
+        Work = TailArrived = TailFixed = Slices = Tail = None
     Prof = T.Tensor((T.dynamic("prof_words"),), "uint64") if profile else None
     Arrived = None if own else T.Tensor((W * chunk_slots(chunks),), "uint64")
     opts = dict(W=W, chunks=chunks, elem=tvm.DataType(dtype).bits // 8, stages=stages, threads=threads,
@@ -216,14 +234,23 @@ def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "b
     @T.prim_func
     def ag_gemm(A: T.Tensor((m, K) if own else (W, T.dynamic("slot_rows"), K), dtype), B: T.Tensor((K, N), dtype),
                 C: T.Tensor((W, m, N), dtype), arrived: Arrived, work: Work, tail_arrived: TailArrived,
-                tail_fixed: TailFixed, prof: Prof):
-        if split > 1:
-            with T.Kernel(blocks, threads=threads) as b:
+                tail_fixed: TailFixed, slices: Slices, tail: Tail, prof: Prof):
+        if split:
+            full = T.max(tiles - tail, 0)
+            with T.Kernel(full + (tiles - full) * slices, threads=threads) as b:
                 As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, 0)
-                t, s, k0, kn = split_block(b, plan, k_tiles, full)
-                by, bx = tile_order(t, grid_m, tiles_n, swizzle)
-                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, b,
-                         (work, tail_arrived, tail_fixed, t, s, k0, kn, plan, full), m, **opts)
+                at = T.alloc_local((7,), "int32")       # in registers (tilescale.ops.gemm, NOTE [registers])
+                t, s, k0, kn = split_block(b, None, k_tiles, full, slices)
+                at[0] = t
+                at[1] = s
+                at[2] = full
+                at[3] = k0
+                at[4] = kn
+                by, bx = tile_order(at[0], grid_m, tiles_n, swizzle)
+                at[5] = by
+                at[6] = bx
+                _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, at[5], at[6], b,
+                         (work, tail_arrived, tail_fixed, at[0], at[1], at[3], at[4], at[2], slices), m, **opts)
         else:
             with T.Kernel(T.ceildiv(N, block_n), grid_m, threads=threads) as (bx, by):
                 As, Bs, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
@@ -274,31 +301,37 @@ def pull_chunks(shard_bytes: int) -> int:
 
 
 def kernel_plan(args: tuple, M: int) -> SplitPlan:
-    """The grid of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them) for `M` gathered rows:
-    its last ``tail`` tiles (fewer when the call has fewer) split."""
+    """The grid of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them) for a call of `M`
+    gathered rows: its :func:`grid_plan` (a plain grid when the kernel has none split)."""
     bound = ag_gemm_kernel.signature.bind(*args)
     bound.apply_defaults()
     a = bound.arguments
-    tiles = grid_plan(M, a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], 0, a["own"]).tiles
-    if a["split"] <= 1 or a["tail"] <= 0:
-        return SplitPlan(tiles, tiles, 1)
-    return SplitPlan(tiles, max(tiles - a["tail"], 0), a["split"])
+    return grid_plan(M, a["N"], a["K"], a["world_size"], a["block_m"], a["block_n"], a["block_k"], a["sms"], a["own"])
+
+
+def split_space(args: tuple, M: int) -> tuple:
+    """(work tiles, words) of the workspace of :func:`ag_gemm_kernel` called with `args` that serves every call of
+    up to `M` gathered rows (tilescale.ops.gemm.split_sizes of their plans)."""
+    bound = ag_gemm_kernel.signature.bind(*args)
+    bound.apply_defaults()
+    W, bm = bound.arguments["world_size"], bound.arguments["block_m"]
+    return split_sizes([kernel_plan(args, W * r * bm) for r in range(1, -(-(M // W) // bm) + 1)])
 
 
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
             config: GemmConfig | None = None, sms: int = 132) -> list:
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for problems of up to `M` gathered rows: the
     GEMM of its own rows, then (world size > 1) the GEMM of the other ranks' rows; the rows are an argument of each
-    call, so M only chooses the config (the tuning table's for M) and the split of the last wave (`sms`: the GPU's
-    SM count, 0: no split; :func:`grid_plan` at M, tests/gpu/ag_gemm_split_main.py); `chunks` (None: by each
-    call's rows, :func:`pull_chunks`)."""
+    call, so M only chooses the config (the tuning table's for M) and, per GEMM, the kernel its plan at M takes
+    (:func:`grid_plan` on `sms` SMs, 0: no split; tests/gpu/ag_gemm_split_main.py): the plain grid, or the one that
+    splits each call's last wave as its own plan says; `chunks` (None: by each call's rows, :func:`pull_chunks`)."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     args = (N, K, world_size, chunks or 0, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
             cfg.swizzle, False)
     jobs = []
     for own in ((True, False) if world_size > 1 else (True,)):
         plan = grid_plan(M, N, K, world_size, cfg.block_m, cfg.block_n, cfg.block_k, sms, own)
-        jobs.append((ag_gemm_kernel, (*args, own, plan.split, plan.tail if plan.split > 1 else 0)))
+        jobs.append((ag_gemm_kernel, (*args, own, sms if plan.split > 1 else 0)))
     return jobs
 
 
@@ -310,10 +343,10 @@ class AGGemm(Op):
     the buffers are sized for M). ``op(a_local, b)`` returns C (a new tensor unless `out=` is given). The gathered
     A of the last call stays in ``op.gathered()``. `fused` (default: the committed table at M,
     tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
-    (small M); ``op.fused`` says which path the op takes. `split` (default True): the GEMMs split their last
-    wave's tiles along K where that pays at M rows (:func:`grid_plan`; calls of fewer rows split as many of their
-    last tiles); False: plain grids, whose kernels depend on the config alone (the cached ``ag_gemm``'s ops of every
-    bound share them). `profile` (default TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel
+    (small M); ``op.fused`` says which path the op takes. `split` (default True): a GEMM whose last wave's tiles
+    split along K at M rows (:func:`grid_plan`) runs a grid that splits each call's last wave as that call's own
+    plan says (as a kernel built for its rows would); False: plain grids. Either way the kernels depend on the config
+    and the SM count alone (the cached ``ag_gemm``'s ops of every bound share them). `profile` (default TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel
     timestamps, used while a tilescale.profiler session records WAIT/TILE events.
     """
 
@@ -362,19 +395,23 @@ class AGGemm(Op):
         self.chunks = self.args[3]                   # 0: by each call's rows
         self.block_m = self.args[5]
         self._last_a = None       # world size 1: the a_local of the last call (gathered())
-        # the grids of the GEMM of my rows (step 1) and of the others' (step 5; world size > 1) at the bound; a
-        # split one takes its workspace after its other arguments (`_tail[i]`, () when not split)
+        # the GEMM of my rows (step 1) and of the others' (step 5; world size > 1): their grids at the bound, and a
+        # split grid's workspace (for every call's plan: split_space), which it takes after its other arguments
+        # with a call's slices and tail tiles (_tail)
         self._job_args = [a for _, a in jobs]
         self.plans = [kernel_plan(a, M) for _, a in jobs]
-        self.tail = [split_workspace(SplitPlan(a[-1], 0, a[-2]), *a[5:7], device=self.rt.device) if a[-2] > 1 else ()
-                     for _, a in jobs]
-        tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]
+        self._sizes = [split_space(a, M) if a[-1] else () for _, a in jobs]
+        self._ws = [split_workspace(z, *a[5:7], device=self.rt.device) if z else () for z, (_, a) in
+                    zip(self._sizes, jobs, strict=True)]
+        self._splits = {}         # rows per rank -> each GEMM's (slices, tail tiles): _split_of
+        self.tail = [self._tail(i, self.rows) for i in range(len(jobs))]     # (a call of the bound's rows)
+        tail, sizes = [SPLIT_PARAMS if z else () for z in self._sizes], [SPLIT_SIZES if z else () for z in self._sizes]
         prof_jobs = [(fn, a[:11] + (True,) + a[12:]) for _, a in jobs] if profile else []
         self.compile_ahead(jobs + prof_jobs)   # every kernel of the op side by side; build() takes them
-        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m"))
-        self.kernel, self._direct = (self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m"))
-                                     if W > 1 else (None, None))
-        self._tail_ptrs = [tuple(t.data_ptr() for t in ws) for ws in self.tail]
+        self.kernel_own, self._direct_own = self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m", *sizes[0]))
+        self.kernel, self._direct = (self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m",
+                                                                *sizes[1])) if W > 1 else (None, None))
+        self._tail_ptrs = [tuple(t.data_ptr() for t in ws) for ws in self._ws]
         self.launch_path = "direct" if self._direct_own is not None else "tilelang"  # how __call__ launches
         # the same kernels with timestamps, and their blocks at the bound (one record each)
         self.kernels_prof = [f(*a).prepare() for f, a in prof_jobs] if profile else None
@@ -633,13 +670,31 @@ class AGGemm(Op):
         else:                              # another node: NVSHMEM's signal (the word is 0: an add sets it)
             h.ts_signal_add_on_stream(self._flag_at[flag][pe], 1, pe, stream)
 
+    def _split_of(self, m: int) -> list:
+        """Per GEMM, the (slices, tail tiles) of a call of `m` rows per rank on a split grid (slices 1, tail 0: none
+        split), () on a plain grid: its :func:`kernel_plan`, as a kernel built for those rows alone would split."""
+        if not any(self._sizes):
+            return self._sizes                           # (plain grids: () each)
+        got = self._splits.get(m)
+        if got is None:
+            plans = [kernel_plan(a, self.world_size * m) if z else None for a, z in zip(self._job_args, self._sizes,
+                                                                                         strict=True)]
+            got = self._splits[m] = [((p.split, p.tail) if p.split > 1 else (1, 0)) if p else () for p in plans]
+        return got
+
+    def _tail(self, i: int, m: int) -> tuple:
+        """The arguments of GEMM `i` (0: my rows, 1: the others') after C (and arrived) for a call of `m` rows per
+        rank, as tilelang launches it: a split grid's workspace, slices and tail tiles; () for a plain grid."""
+        return (*self._ws[i], *self._split_of(m)[i])
+
     def _gemm_own(self, a, b, c, stream) -> None:
-        """Step 1: the GEMM of my rows (a: m rows, c: W x m), through its C entry point (raw pointers, the rows,
-        the stream last) or tilelang."""
+        """Step 1: the GEMM of my rows (a: m rows, c: W x m), through its C entry point (raw pointers and ints: a
+        split grid's workspace, slices and tail, the rows, its workspace's sizes, the stream last) or tilelang."""
         direct, m = self._direct_own, a.shape[0]
         if direct is None:
-            self.kernel_own.launch(a, b, c.view(self.world_size, m, self.N), *self.tail[0])
-        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *self._tail_ptrs[0], m, stream):
+            self.kernel_own.launch(a, b, c.view(self.world_size, m, self.N), *self._tail(0, m))
+        elif direct[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *self._tail_ptrs[0], *self._split_of(m)[0], m,
+                       *self._sizes[0], stream):
             raise self.launch_error(direct)
 
     def _gemm_peers(self, b, c, stream) -> None:
@@ -647,9 +702,9 @@ class AGGemm(Op):
         direct, m, W = self._direct, self.m, self.world_size
         if direct is None:
             self.kernel.launch(self.a_full.view(W, self.rows, self.K), b, c.view(W, m, self.N), self.arrived,
-                               *self.tail[1])
+                               *self._tail(1, m))
         elif direct[0](self.a_full.data_ptr(), b.data_ptr(), c.data_ptr(), self.arrived.data_ptr(), *self._tail_ptrs[1],
-                       self.rows, m, stream):
+                       *self._split_of(m)[1], self.rows, m, *self._sizes[1], stream):
             raise self.launch_error(direct)
 
     def __call__(self, a_local, b, out=None):
@@ -756,7 +811,7 @@ class AGGemm(Op):
         prof = self.kernels_prof or [None, None]
         if W == 1:                                                           # 1 alone
             self._last_a = a_local
-            gemm(self.kernel_own, prof[0], tiles[0], (_tma_ready(a_local), b, c3, *self.tail[0]), True)
+            gemm(self.kernel_own, prof[0], tiles[0], (_tma_ready(a_local), b, c3, *self._tail(0, m)), True)
             return c
         if self.protocol == "push":
             return self._push_steps(a_local, b, c, rec, gemm, prof, tiles)
@@ -823,14 +878,14 @@ class AGGemm(Op):
         else:
             local_steps(main)
             begin()
-        gemm(self.kernel_own, prof[0], tiles[0], (a_local if direct else self._slot, b, c3, *self.tail[0]),
+        gemm(self.kernel_own, prof[0], tiles[0], (a_local if direct else self._slot, b, c3, *self._tail(0, m)),
              False)                                                          # 1
         main.wait_event(self._copied)                                        # 3
         for j, src in enumerate(peers):
             if self._pull_first[src]:
                 main.wait_event(self._joins[j])
-        gemm(self.kernel, prof[1], tiles[1], (a_full.view(W, self.rows, self.K), b, c3, self.arrived, *self.tail[1]),
-             True)                                                           # 5
+        gemm(self.kernel, prof[1], tiles[1],
+             (a_full.view(W, self.rows, self.K), b, c3, self.arrived, *self._tail(1, m)), True)      # 5
         for j, s in enumerate(self.streams):                                 # 6
             self._joins[j].record(s)
             main.wait_event(self._joins[j])
@@ -867,9 +922,9 @@ class AGGemm(Op):
                     if rec is not None:
                         rec.copy_done(s, dst, ch, n * self.K * a.element_size())
         self._joins[0].record(s)
-        gemm(self.kernel_own, prof[0], tiles[0], (a, b, c3, *self.tail[0]), False)            # 4
-        gemm(self.kernel, prof[1], tiles[1], (self.a_full.view(W, rows, self.K), b, c3, self.arrived, *self.tail[1]),
-             True)                                                                          # 5
+        gemm(self.kernel_own, prof[0], tiles[0], (a, b, c3, *self._tail(0, m)), False)            # 4
+        gemm(self.kernel, prof[1], tiles[1],
+             (self.a_full.view(W, rows, self.K), b, c3, self.arrived, *self._tail(1, m)), True)      # 5
         main.wait_event(self._joins[0])                                                     # 6
         self.arrived.zero_()
         for q in range(W):

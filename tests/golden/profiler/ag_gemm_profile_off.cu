@@ -31,6 +31,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   void* As = ((void*)((char*)buf_dyn_shmem + 98304));
   __shared__ __align__(16) uint64_t mbarrier_mem[6];
   auto mbarrier = reinterpret_cast<Barrier*>(mbarrier_mem);
+  int at[3];
   float Cl[128];
   if (tl::tl_shuffle_elect<0>()) {
     tl::prefetch_tma_descriptor(A_desc);
@@ -50,19 +51,18 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   const dim3 blockIdx = tl::rasterization2DRow<10>();
   int me = nvshmem_my_pe();
   int rmod = (((int)blockIdx.y) % ((m + 127) >> 7));
+  at[0] = ((((0 <= ((m + 127) >> 7)) && (0 <= rmod)) || ((((m + 127) >> 7) < 0) && (rmod <= 0))) ? rmod : (rmod + ((m + 127) >> 7)));
   int rmod_1 = (((int)blockIdx.y) % ((m + 127) >> 7));
-  int rmod_2 = (((int)blockIdx.y) % ((m + 127) >> 7));
   int rdiv = (((int)blockIdx.y) / ((m + 127) >> 7));
-  if (((((((((0 <= ((m + 127) >> 7)) && (0 <= rmod)) || ((((m + 127) >> 7) < 0) && (rmod <= 0))) ? rmod : (rmod + ((m + 127) >> 7))) / max(1, ((m + 511) >> 9))) + ((((((0 <= ((m + 127) >> 7)) && (0 <= rmod_1)) || ((((m + 127) >> 7) < 0) && (rmod_1 <= 0))) ? rmod_1 : (rmod_1 + ((m + 127) >> 7))) % max(1, ((m + 511) >> 9))) >> 31)) >> 2) + (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_2)) || ((((m + 127) >> 7) < 0) && (rmod_2 <= 0))) ? rdiv : (rdiv - 1))) + 1) & 1)) < 2) {
-    int rmod_3 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    int rdiv_1 = (((int)blockIdx.y) / ((m + 127) >> 7));
-    int rmod_4 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    int rmod_5 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    int rmod_6 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    int rdiv_2 = (((int)blockIdx.y) / ((m + 127) >> 7));
-    int rmod_7 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    int rmod_8 = (((int)blockIdx.y) % ((m + 127) >> 7));
-    tilescale::wait_until<unsigned long long>((&(arrived[((((((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_6)) || ((((m + 127) >> 7) < 0) && (rmod_6 <= 0))) ? rdiv_2 : (rdiv_2 - 1))) + 1) & 1) * 4) + (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_7)) || ((((m + 127) >> 7) < 0) && (rmod_7 <= 0))) ? rmod_7 : (rmod_7 + ((m + 127) >> 7))) / max(1, ((m + 511) >> 9)))) + ((((((0 <= ((m + 127) >> 7)) && (0 <= rmod_8)) || ((((m + 127) >> 7) < 0) && (rmod_8 <= 0))) ? rmod_8 : (rmod_8 + ((m + 127) >> 7))) % max(1, ((m + 511) >> 9))) >> 31))])), 3, (uint64_t)1, <site>);
+  at[1] = (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_1)) || ((((m + 127) >> 7) < 0) && (rmod_1 <= 0))) ? rdiv : (rdiv - 1))) + 1) & 1);
+  at[2] = ((at[0] / max(1, ((m + 511) >> 9))) + ((at[0] % max(1, ((m + 511) >> 9))) >> 31));
+  int rb = at[0];
+  int c_src = at[1];
+  int chunk = at[2];
+  if (0 <= ((c_src * 4) + chunk)) {
+    if (((chunk >> 2) + c_src) < 2) {
+      tilescale::wait_until<unsigned long long>((&(arrived[((c_src * 4) + chunk)])), 3, (uint64_t)1, <site>);
+    }
   }
   if (((int)threadIdx.x) < 128) {
     tl::warpgroup_reg_dealloc<24>();
@@ -70,10 +70,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
       mbarrier[((ko % 3) + 3)].wait((((ko % 6) / 3) ^ 1));
       if (tl::tl_shuffle_elect<128>()) {
         mbarrier[(ko % 3)].expect_transaction(16384);
-        int rmod_9 = (((int)blockIdx.y) % ((m + 127) >> 7));
-        int rmod_10 = (((int)blockIdx.y) % ((m + 127) >> 7));
-        int rdiv_3 = (((int)blockIdx.y) / ((m + 127) >> 7));
-        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_9)) || ((((m + 127) >> 7) < 0) && (rmod_9 <= 0))) ? rmod_9 : (rmod_9 + ((m + 127) >> 7))) * 128), (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_10)) || ((((m + 127) >> 7) < 0) && (rmod_10 <= 0))) ? rdiv_3 : (rdiv_3 - 1))) + 1) & 1));
+        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (rb * 128), c_src);
         mbarrier[(ko % 3)].arrive_and_expect_tx(32768);
         #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -122,10 +119,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
       tl::fence_proxy_async();
       #pragma unroll
       for (int i_4 = 0; i_4 < 4; ++i_4) {
-        int rmod_11 = (((int)blockIdx.y) % ((m + 127) >> 7));
-        int rmod_12 = (((int)blockIdx.y) % ((m + 127) >> 7));
-        int rdiv_4 = (((int)blockIdx.y) / ((m + 127) >> 7));
-        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (((((0 <= ((m + 127) >> 7)) && (0 <= rmod_11)) || ((((m + 127) >> 7) < 0) && (rmod_11 <= 0))) ? rmod_11 : (rmod_11 + ((m + 127) >> 7))) * 128), (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_12)) || ((((m + 127) >> 7) < 0) && (rmod_12 <= 0))) ? rdiv_4 : (rdiv_4 - 1))) + 1) & 1));
+        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (rb * 128), c_src);
       }
       tl::tma_store_arrive();
       tl::tma_store_wait<0, true>();
