@@ -87,8 +87,13 @@ def test_push_kernel_runs_one_block_per_sm(no_runtime):
         assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[4:10]) == DEFAULT and args[10:] == (114,)
     src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(2048, 8192, 4, sms=114)))
     assert "__launch_bounds__(384, 1)" in src and "blockIdx.y" not in src   # 1-D: 114 blocks (the launch)
-    # tiles b, b + 114, ... of the call's 4 steps of ceil(m / 128) x 8 tiles (none: a block past them)
-    assert "for (int it = 0; it < ((((((((m + 127) >> 7) * 32) + 113) - ((int)blockIdx.x)) / 114) * 128)" in src
+    # tiles b, b + 114, ... of the call's 4 steps of ceil(m / 128) x 8 tiles (none: a block past them), each role
+    head = "for (int j = 0; j < (((((((m + 127) >> 7) * 32) + 113) - ((int)blockIdx.x)) / 114)"
+    assert src.count("for (int j") == 3 and head in src
+    # warp 0: each tile's place once, then its 128 steps of K (no division by the call's tiles per step)
+    load = src[src.index("for (int j = 0;"):src.index("for (int j_1 = 0;")]
+    steps = load[load.index("for (int ko = 0; ko < 128; ++ko) {"):]
+    assert "/ (((m + 127) >> 7)" in load[:load.index("for (int ko")] and "(m + 127)" not in steps
 
 
 def test_persistent_kernel_rasterizes_in_equal_panels():
@@ -121,7 +126,7 @@ def _roles(src: str) -> dict:
     assert src[group0:].index("tl::warpgroup_reg_dealloc<40>();") < src[group0:].index("if (((int)threadIdx.x) < 32) {")
     assert src.count("tl::warpgroup_reg_dealloc<") == 1 and src.count("tl::warpgroup_reg_alloc<232>();") == 1
     load = src.index("if (((int)threadIdx.x) < 32) {")
-    sums = src.index("} else {\n      for (int j = 0;", load)      # the rest of warpgroup 0: warps 1-3
+    sums = src.index("} else {\n      for (int j_1 = 0;", load)    # the rest of warpgroup 0: warps 1-3
     mma = src.index("tl::warpgroup_reg_alloc<232>();")
     assert group0 < load < sums < mma
     return {"load": src[load:sums], "sums": src[sums:mma], "mma": src[mma:]}
@@ -146,8 +151,9 @@ def test_push_kernel_protocol(W):
     r = _roles(src)
     # 1: warp 0, TMA loads of X and W into the stage after waiting for it to be free, for every (tile, K step)
     assert r["load"].count("tl::tma_load(X_desc") == 1 and "tl::tma_load(Wt_desc" in r["load"]
-    assert r["load"].index("empty[(it % 3)].wait((((it / 3) & 1) ^ 1));") < r["load"].index("tl::tma_load(X_desc")
-    assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(it % 3)].arrive();")
+    assert r["load"].index("empty[(((j * 4) + ko) % 3)].wait((((((j * 4) + ko) / 3) & 1) ^ 1));") < \
+        r["load"].index("tl::tma_load(X_desc")
+    assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(((j * 4) + ko) % 3)].arrive();")
     assert "tilescale::" not in r["load"]
     # 2: the call number, known to every thread before the roles (the sums warps' every use of it)
     sums = r["sums"]
@@ -161,8 +167,8 @@ def test_push_kernel_protocol(W):
     assert re.search(r"if \(\(\(int\)threadIdx.x\) == 32\) \{\s*tilescale::arrive_barrier", sums)  # 1 arrival
     assert "tilescale::init_barrier((&(landed[0])), 1);" in src                # of 1 expected
     assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in sums      # one copy: the tile's 128 padded rows
-    summed = sums.index("summed[0].wait((j & 1));")
-    assert re.search(r"\}\s*\}\s*\}\s*summed\[0\]\.wait\(\(j & 1\)\);", sums), "all three wait (not in warp 1's if)"
+    summed = sums.index("summed[0].wait((j_1 & 1));")
+    assert re.search(r"\}\s*\}\s*\}\s*summed\[0\]\.wait\(\(j_1 & 1\)\);", sums), "all three wait (not in warp 1's if)"
     push = sums.index("tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
     # counted up to the call number: the calls since this rank last pushed the tile (its own `pushed`), then noted
     count = sums.index("tilescale::release_stores<2, unsigned long long, 0>((e[0] - pushed[at[(int64_t)1]]), (&(Ap[")
@@ -183,12 +189,12 @@ def test_push_kernel_protocol(W):
     assert src.count("tilescale::store_tile(") == 1 and src.count("tilescale::store_rows_async(") == 1
     # 3: the multiplying warps: stages, then the tile's sum in, add, sum out, fence, arrive
     mma = r["mma"]
-    loop = mma[mma.index("for (int ko = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));")]
+    loop = mma[mma.index("for (int ko_1 = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_2 & 1));")]
     assert "sync_thread" not in loop and "fence_proxy_async" not in loop and "tilescale::" not in loop
-    assert loop.index("full[(((j_1 * 4) + ko) % 3)].wait(((((j_1 * 4) + ko) / 3) & 1));") < loop.index(
-        "wgmma_ss<") < loop.index("empty[(((j_1 * 4) + ko) % 3)].arrive();")      # the same step as warp 0's
-    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
-    tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));"):]
+    assert loop.index("full[(((j_2 * 4) + ko_1) % 3)].wait(((((j_2 * 4) + ko_1) / 3) & 1));") < loop.index(
+        "wgmma_ss<") < loop.index("empty[(((j_2 * 4) + ko_1) % 3)].arrive();")    # the same step as warp 0's
+    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko_1 == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
+    tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_2 & 1));"):]
     assert tail.index("__bfloat1622float2") < tail.index("__float22bfloat162_rn") < tail.rindex(
         "tl::fence_proxy_async();") < tail.index("summed[0].arrive();")
     assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # the peer through its view: no call in the kernel

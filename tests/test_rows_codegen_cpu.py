@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 from test_codegen import kernel_function, lower_source  # noqa: E402
 
 from tilescale.ops import allgather_gemm as agm  # noqa: E402
+from tilescale.ops import gemm_reduce_scatter as grs  # noqa: E402
 from tilescale.ops.gemm import DEFAULT, GemmConfig  # noqa: E402
 
 ROWS = "(m + "     # the call's rows in an expression (``((m + 127) >> 7)``: its row tiles)
@@ -77,6 +78,16 @@ def test_the_plain_grid_of_the_peers_rows_loads_without_dividing():
     src = _source(fn, args)
     producer, loop, _ = _loops(src)
     assert "tl::tma_load(A_desc" in producer and ROWS not in producer and ROWS not in loop, producer[:2000]
+    assert "_producer_ws" not in src
+
+
+def test_the_pull_gemm_of_gemm_rs_loads_without_dividing():
+    """GEMM+RS's pull path GEMM: a block's row tile and source rank (divisions by the bound's row tiles per rank)
+    computed once, not in every TMA load of the producer's loop."""
+    (fn, args), _ = grs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull")
+    src = _source(fn, args)
+    producer, loop, _ = _loops(src)
+    assert "tl::tma_load(X_desc" in producer and "row_blocks" not in producer and "row_blocks" not in loop
     assert "_producer_ws" not in src
 
 

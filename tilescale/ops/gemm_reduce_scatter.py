@@ -232,17 +232,20 @@ def _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, st
             if tx < 128:                                  # warpgroup 0: its registers given up at once (PTX:
                 T.set_max_nreg(40, 0)                     # every warp of a warpgroup runs the same setmaxnreg)
                 if tx < 32:                               # 1: X and W, by TMA
-                    for it in T.serial(mine * k_tiles):
-                        s, ko = it % stages, it % k_tiles
-                        d, t, bx = where((it // k_tiles) * blocks + bid, pnl[0] if swizzle > 0 else 0)
-                        src = (me + d) % W
-                        T.mbarrier_wait_parity(empty[s], ((it // stages) & 1) ^ 1)
-                        T.tma_copy(X[src, t * block_m:(t + 1) * block_m, ko * block_k:(ko + 1) * block_k],
-                                   As[s, :, :], barrier=full[s], leader_scope_threads=32)
-                        T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n],
-                                   Bs[s, :, :], barrier=full[s], leader_scope_threads=32)
-                        if tx == 0:
-                            T.mbarrier_arrive(full[s])
+                    for j in T.serial(mine):              # the tile's place once per tile, not at every step of
+                        d, t, bx = where(j * blocks + bid, pnl[0] if swizzle > 0 else 0)   # K (divisions by the
+                        at[0] = (me + d) % W                                                # call's tiles: NOTE
+                        at[1] = t * block_m                                                 # [registers] in
+                        at[2] = bx * block_n                                                # tilescale.ops.gemm)
+                        for ko in T.serial(k_tiles):
+                            s = (j * k_tiles + ko) % stages
+                            T.mbarrier_wait_parity(empty[s], (((j * k_tiles + ko) // stages) & 1) ^ 1)
+                            T.tma_copy(X[at[0], at[1]:at[1] + block_m, ko * block_k:(ko + 1) * block_k],
+                                       As[s, :, :], barrier=full[s], leader_scope_threads=32)
+                            T.tma_copy(Wt[ko * block_k:(ko + 1) * block_k, at[2]:at[2] + block_n],
+                                       Bs[s, :, :], barrier=full[s], leader_scope_threads=32)
+                            if tx == 0:
+                                T.mbarrier_arrive(full[s])
                 else:                                     # 3: the sums: warps 1-3 push, warp 1 alone waits,
                     for j in T.serial(mine):              # loads, stores my rows and counts
                         d, t, bx = where(j * blocks + bid, pnl[0] if swizzle > 0 else 0)
@@ -311,15 +314,17 @@ def gemm_rs_gemm_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16"
             e = T.call_number(counters)
             p = T.cast(e % 2, "int32")                        # this call's half of P
             me = T.get_rank()
-            t = by % tiles_per_rank
-            src = (me + 1 + by // tiles_per_rank) % W         # rank+1's rows first, own rows last
-            rb = T.alloc_local((1,), "int32")                 # (32-bit: done's index is 64-bit, and a 64-bit
-            rb[0] = src * tiles_per_rank + t                  # division a call, which serialises the wgmma)
+            at = T.alloc_local((2,), "int32")   # in registers (tilescale.ops.gemm, NOTE [registers]), 32-bit: done's
+            at[0] = by % tiles_per_rank         # index is 64-bit, and a 64-bit division a call, which serialises the
+            at[1] = (me + 1 + by // tiles_per_rank) % W       # wgmma; rank+1's rows first, own rows last
+            t = at[0]
+            src = at[1]
+            rb = src * tiles_per_rank + t                     # (the epilogue reads t and src: the store's row block)
             main_loop(X, Wt, Xs, Ws, Cl, t, bx, stages, 0, T.if_then_else(t * block_m < m, k_tiles, 0), a_src=src)
             T.copy(Cl, Cs)
-            store_tile(Cs, P, p * row_blocks + rb[0], bx)     # a TMA store
+            store_tile(Cs, P, p * row_blocks + rb, bx)        # a TMA store
             if T.get_thread_binding() // 32 == storing_warp(threads):   # once written: one release per tile,
-                T.release_stores(done[rb[0]], 1, scope="sys")            # by the warp that issued the store
+                T.release_stores(done[rb], 1, scope="sys")               # by the warp that issued the store
 
     return gemm_rs_gemm
 
