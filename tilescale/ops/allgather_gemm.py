@@ -345,9 +345,10 @@ class AGGemm(Op):
     tilescale/ops/fused_paths.py): False runs NCCL's AllGather then cuBLAS, where the fused kernel is slower
     (small M); ``op.fused`` says which path the op takes. `split` (default True): a GEMM whose last wave's tiles
     split along K at M rows (:func:`grid_plan`) runs a grid that splits each call's last wave as that call's own
-    plan says (as a kernel built for its rows would); False: plain grids. Either way the kernels depend on the config
-    and the SM count alone (the cached ``ag_gemm``'s ops of every bound share them). `profile` (default TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel
-    timestamps, used while a tilescale.profiler session records WAIT/TILE events.
+    plan says (as a kernel built for its rows would); False: plain grids. Either way the kernels depend on the
+    config and the SM count alone (the cached ``ag_gemm``'s ops of every bound share them). `profile` (default
+    TILESCALE_PROFILE_DEVICE) also builds the kernels with in-kernel timestamps, used while a tilescale.profiler
+    session records WAIT/TILE events.
     """
 
     NAME, KERNEL = "AGGemm", "ag_gemm"
