@@ -194,13 +194,15 @@ def _gemm_alone(op, x, w):
 
     from tilescale.ops.gemm_reduce_scatter import gemm_rs_push_loopback_kernel
 
+    W = op.world_size
+    xv = x.view(W, x.shape[0] // W, op.K) if W > 1 else x        # (as the kernels see it)
     if op.path == "pull":
         scratch, calls = torch.zeros_like(op.done), torch.zeros_like(op.gemm_counters)
-        return lambda: op.gemm(x, w, op.P, scratch, calls)
+        return lambda: op.gemm(xv, w, op.P, scratch, calls)
     k = gemm_rs_push_loopback_kernel(*op.gemm_args)
     R, arrived = torch.zeros_like(op.R), torch.zeros_like(op.arrived)
-    args = (x, w, torch.empty(op.M // op.world_size, op.N, dtype=op.dtype, device=x.device), R, arrived,
-            torch.zeros_like(op.gemm_counters), R, arrived)     # (Rp, Ap: unused by the loopback kernel)
+    args = (xv, w, torch.empty(x.shape[0] // W, op.N, dtype=op.dtype, device=x.device), R, arrived,
+            torch.zeros_like(op.gemm_counters), R, arrived, torch.zeros_like(op.pushed))  # (Rp, Ap: unused)
     return lambda: k(*args)
 
 

@@ -496,8 +496,8 @@ def run_push(args) -> None:
     ops = {p: gemm_config(*p[1], world_size=p[0], op="gemm_rs_push") for p in probs}    # the push kernel's
 
     def push_job(p, c):
-        return (grs.gemm_rs_push_loopback_kernel, (*p[1], p[0], "bfloat16", c.block_m, c.block_n, c.block_k, c.stages,
-                                                   c.threads, c.swizzle, SMS))
+        return (grs.gemm_rs_push_loopback_kernel, (*p[1][1:], p[0], "bfloat16", c.block_m, c.block_n, c.block_k,
+                                                   c.stages, c.threads, c.swizzle, SMS))   # (N, K, ranks, ...)
 
     variants = {p: [("push", ops[p], push_job(p, ops[p]))]
                 + [("push pull-tuned", c, push_job(p, c)) for c in [cfgs[p]]
@@ -528,8 +528,9 @@ def run_push(args) -> None:
             slab, words = grs.push_shapes(M, N, W, c.block_m, c.block_n)
             R = torch.zeros(slab, device="cuda", dtype=torch.bfloat16)
             arrived = torch.zeros(words, device="cuda", dtype=torch.uint64)
-            counters = torch.zeros((M // c.block_m) * (N // c.block_n), device="cuda", dtype=torch.int64)
-            a = (X, B, C, R, arrived, counters, R, arrived)     # (Rp, Ap: unused by the loopback kernel)
+            counters = torch.zeros(SMS, device="cuda", dtype=torch.int64)        # a word per block
+            pushed = torch.zeros_like(arrived)
+            a = (X.view(W, rows_w, K), B, C, R, arrived, counters, R, arrived, pushed)   # (Rp, Ap: unused)
             for _ in range(3):          # back-to-back calls: both halves of R, the counts of calls 1-3
                 C.fill_(float("nan"))
                 push(*a)

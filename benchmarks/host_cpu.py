@@ -195,6 +195,8 @@ def make_ag_gemm(W):
     rows, K, N, chunks = 8, 16, 16, 4          # tiny: the CPU copies stay cheap (on a GPU they are async)
     M, dt = W * rows, torch.bfloat16
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = M, N, K, dt, rows, chunks
+    op.m, op.slots, op.block_m = rows, chunks, 4    # (trees with rows per call: the call's rows, chunks, row tile)
+    rows_args = [ctypes.c_int] if hasattr(cls, "_set_rows") else []   # the GEMMs' run-time rows (+ slot rows)
     op.a_full = torch.zeros(M, K, dtype=dt)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
     op.fused = True
@@ -212,18 +214,20 @@ def make_ag_gemm(W):
     op._slot = op.a_full[:rows]
     if two_gemms:
         op.kernel_own, op.kernels_prof, op.tiles = tilelang_launch_stand_in(3), None, [1, 1]
-        op._direct_own = (counted("kernel direct launch", c_noop([VP] * 4)), lambda: b"")
+        op._direct_own = (counted("kernel direct launch", c_noop([VP] * 3 + rows_args + [VP])), lambda: b"")
         op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail; unused by older trees)
+        op._ws = op._sizes = [(), ()]                 # (this tree's names of the same)
+    direct = (counted("kernel direct launch", c_noop([VP] * 4 + rows_args * 2 + [VP])), lambda: b"")
     if hasattr(cls, "_plan_push") and W == 2:   # this tree: two ranks on two GPUs push (agm.protocol_for)
         op.protocol, op.streams = "push", op.streams[:1]
         op._arrived_on = [0x500000 + 0x1000 * p for p in range(W)]
         op._start, op._joins = FakeEvent(), [FakeEvent()]
         op._slot_stale, op._stream_ops = False, shim.ts_stream_ops
-        op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
+        op._direct = direct
         op.launch_path = "direct"
         op._plan_push()
     elif hasattr(cls, "_plan") and (W > 1 or not two_gemms):   # the programs (none at W = 1), the direct launch
-        op._direct = (counted("kernel direct launch", c_noop([VP] * 5)), lambda: b"")
+        op._direct = direct
         op.launch_path = "direct"
         op.protocol, op._stream_ops = "pull", shim.ts_stream_ops     # (set by _plan in older trees)
         joins = [0x7001 + j for j in range(len(op.streams))]

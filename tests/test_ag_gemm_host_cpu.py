@@ -256,6 +256,7 @@ def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull"):
     op.rt = SimpleNamespace(shim=_shim(log))
     rows, K, N, chunks = 8, 16, 16, 2
     op.M, op.N, op.K, op.dtype, op.rows, op.chunks = W * rows, N, K, torch.float16, rows, chunks
+    op.m, op.slots, op.block_m = rows, chunks, 4      # a call's rows (the bound), 2 chunks of one row tile each
     op.a_full = torch.zeros(W * rows, K, dtype=torch.float16)
     op.arrived = torch.zeros(W * chunks, dtype=torch.int64)
     op.protocol, op.fused = protocol, True
@@ -271,14 +272,20 @@ def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull"):
     op._arrived_on = [0x500000 + 0x1000 * p + 8 * rank * chunks for p in range(W)]
     op._slot = op.a_full[rank * rows:(rank + 1) * rows]
     op.kernels_prof, op.tiles, op._last_a = None, [1, 1], None
-    op.tail, op._tail_ptrs = [(), ()], [(), ()]   # plain grids (no split tail)
+    # the kernels' arguments (N, K, W, chunks, dtype, block_m 4, block_n 16, ..., own, sms 0: plain grids): a
+    # profiled call's blocks per GEMM are its grid's for the call's rows (kernel_plan)
+    op._job_args = [(N, K, W, chunks, "float16", 4, 16, 16, 3, 128, 10, False, own, 0) for own in (True, False)]
+    op._ws, op._sizes, op._tail_ptrs = [(), ()], [(), ()], [(), ()]   # plain grids (no split tail)
     op.kernel = SimpleNamespace(launch=lambda *t: log.ops.append(("GEMM", log.current, *[x.data_ptr() for x in t])))
     op.kernel_own = op.kernel
 
-    def entry(*args):
-        log.ops.append(("GEMM", args[-1], *args[:-1]))
-        return 0
-    op._direct = op._direct_own = (entry, lambda: b"") if direct else None
+    def entry(n):   # (n pointers, the rows of the call per rank (the peers' GEMM: after the slots' rows), stream)
+        def call(*args):
+            assert args[n:-1] == ((op.m,) if n == 3 else (op.rows, op.m)), args
+            log.ops.append(("GEMM", args[-1], *args[:n]))
+            return 0
+        return call
+    op._direct_own, op._direct = ((entry(3), lambda: b""), (entry(4), lambda: b"")) if direct else (None, None)
     op._start, op._copied = (log.Event(name=n) for n in ("start", "copied"))
     op._joins = [log.Event(name="join") for _ in op.streams]
     op._pulled = [log.Event(name="pulled") for _ in range(W - 2)]
@@ -295,10 +302,47 @@ def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull"):
     return op
 
 
-def _args(op, contiguous=True):
-    a = torch.ones(op.rows, op.K, dtype=torch.float16) if contiguous else \
-        torch.ones(op.K, op.rows, dtype=torch.float16).t()
-    return a, torch.ones(op.K, op.N, dtype=torch.float16), torch.empty(op.M, op.N, dtype=torch.float16)
+def _args(op, contiguous=True, rows=None):
+    rows = op.rows if rows is None else rows
+    a = torch.ones(rows, op.K, dtype=torch.float16) if contiguous else \
+        torch.ones(op.K, rows, dtype=torch.float16).t()
+    return a, torch.ones(op.K, op.N, dtype=torch.float16), torch.empty(op.world_size * rows, op.N, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("W,rank,near", [(3, 1, {0, 1, 2}), (4, 2, {2, 3})])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_calls_of_fewer_rows_copy_and_pull_only_their_rows(fake_cuda, W, rank, near, contiguous):
+    """The rows per rank are a call's (up to the op's bound, 8 here: 2 row tiles of 4, in 2 chunks): rank q's slot
+    stays at rows q x 8 of A_full and a call of m rows copies my m rows there and pulls each peer's m rows, chunk by
+    chunk (whole row tiles, the last chunk shorter or empty; a chunk past the call's rows a copy of no bytes, its
+    flag set all the same), the same on the fast path as on the profiled one, whose records give each chunk's bytes
+    of this call and each GEMM's blocks of this call's grid; both GEMMs get m (and the slots' 8 rows) at run time.
+    Calls of other rows after it (fewer, the bound again) set the sizes anew."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, near)
+    rb = op.K * 2
+    for m, chunks in ((5, [(0, 4), (4, 1)]), (3, [(0, 3), (3, 0)]), (8, [(0, 4), (4, 4)]), (1, [(0, 1), (1, 0)])):
+        a, b, c = _args(op, contiguous, m)
+        with log.Mode():
+            assert op(a, b, out=c) is c
+        fast, log.ops = log.ops, []
+        with log.Mode(), profiled(log) as rec:
+            assert op(a, b, out=c) is c
+        steps, log.ops = log.ops, []
+        assert fast == steps and op.m == m
+        assert op.chunk_rows(m) == chunks
+        assert [r[-1] for r in rec.records if r[1] == "copy_done"] == [n * rb for _ in range(W - 1) for _, n in chunks]
+        tiles = -(-m // 4)   # row tiles of a rank's m rows (block_m 4), one column tile
+        assert rec.tiles == [tiles, tiles * (W - 1)]
+        pulls = sorted(o[2:5] for o in fast if o[0] in (so.COPY, so.GET) and o[1] != MAIN
+                       and o[1] != op.streams[-1].cuda_stream)
+        want = sorted((op.a_full.data_ptr() + (src * 8 + lo) * rb, (op._peers[src].data_ptr() if src in near else
+                       op.a_full.data_ptr()) + (src * 8 + lo) * rb, n * rb)
+                      for src in range(W) if src != rank for lo, n in chunks)
+        assert pulls == want, (m, pulls, want)
+        if contiguous:
+            [copy] = [o for o in fast if o[0] == so.COPY and o[1] == op.streams[-1].cuda_stream]
+            assert copy[2:5] == (op.a_full.data_ptr() + rank * 8 * rb, a.data_ptr(), m * rb)
 
 
 class Recorder:
@@ -306,7 +350,7 @@ class Recorder:
     stream operations issued before each, and launches the GEMMs as the kernels' own ``launch`` does."""
 
     def __init__(self, log):
-        self.log, self.records, self.ends = log, [], 0
+        self.log, self.records, self.ends, self.tiles = log, [], 0, []
 
     def copies_begin(self, stream, src, direction="from"):
         self.records.append((len(self.log.ops), "copies_begin", stream.cuda_stream, src, direction))
@@ -315,6 +359,8 @@ class Recorder:
         self.records.append((len(self.log.ops), "copy_done", stream.cuda_stream, src, chunk, nbytes))
 
     def launcher(self, kernel, *, instrumented=None, tiles=0, end=False, stream=None):
+        self.tiles.append(tiles)
+
         def launch(*args):
             kernel.launch(*args)
             self.ends += end
@@ -664,23 +710,26 @@ def test_the_gemm_takes_its_direct_entry():
 
     from tilescale.ops.direct_launch import argtypes_for, call_signature
 
-    tail = ("work", "tail_arrived", "tail_fixed")
+    tail, sizes = agm.SPLIT_PARAMS, agm.SPLIT_SIZES
     [(_, split)] = agm.kernels(512, 2752, 1024, 1, "float16")    # 44 tiles < 132 SMs, split in 3
-    assert agm.kernel_plan(split).split == 3
+    assert agm.kernel_plan(split, 512).split == 3
     [_, (_, peers_split)] = agm.kernels(1024, 2752, 1024, 2, "float16")   # the other rank's 44 tiles, split too
-    assert agm.kernel_plan(peers_split).split == 3
-    for args, kw, names in (((1024, 512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived")),
-                            ((1024, 512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C")),
-                            (split, {}, ("A", "B", "C", *tail)),
-                            (peers_split, {}, ("A", "B", "C", "arrived", *tail))):
+    assert agm.kernel_plan(peers_split, 1024).split == 3
+    ptr, ints = [ctypes.c_void_p], [ctypes.c_int]
+    for args, kw, names, types in (
+            ((512, 512, 4, 2, "float16"), dict(own=False), ("A", "B", "C", "arrived", "slot_rows", "m"),
+             ptr * 4 + ints * 2),
+            ((512, 512, 4, 2, "float16"), dict(own=True), ("A", "B", "C", "m"), ptr * 3 + ints),
+            (split, {}, ("A", "B", "C", *tail, "m", *sizes), ptr * 6 + ints * 5),
+            (peers_split, {}, ("A", "B", "C", "arrived", *tail, "slot_rows", "m", *sizes), ptr * 7 + ints * 6)):
         r = agm.ag_gemm_kernel.build(*args, **kw)   # tests/prebuild_cpu_tier.py
         host = Path(r.library).with_suffix(".cu").read_text()
-        types = argtypes_for(call_signature(host), names)
-        assert types == [ctypes.c_void_p] * (len(names) + 1), host[host.find("int call("):][:400]
+        got = argtypes_for(call_signature(host), names)
+        assert got == types + ptr, host[host.find("int call("):][:400]     # (the stream last)
     src = inspect.getsource(agm.AGGemm.__init__)
-    assert 'self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0]))' in src
-    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1]))' in src
-    assert 'tail = [("work", "tail_arrived", "tail_fixed")[:len(ws)] for ws in self.tail]' in src
+    assert 'self.build(fn, jobs[0][1], ("A", "B", "C", *tail[0], "m", *sizes[0]))' in src
+    assert 'self.build(fn, self.args, ("A", "B", "C", "arrived", *tail[1], "slot_rows", "m",' in src
+    assert 'tail, sizes = [SPLIT_PARAMS if z else () for z in self._sizes], [SPLIT_SIZES if z else ()' in src
 
 
 def test_the_cpu_harness_runs():
@@ -699,16 +748,19 @@ def test_the_cpu_harness_runs():
 
 
 def test_pull_chunks_keep_copies_of_16_mib():
-    """A shard is pulled in copies of at least 16 MiB, at most 4, at least one; kernels() rounds the count down to a
-    divisor of the shard's row tiles."""
+    """A shard is pulled in copies of at least 16 MiB, at most 4, at least one, of whole row tiles (the last one
+    shorter), counted per call from its rows (the kernel computes the same: chunk_tiles); kernels() leaves the
+    count to the call (0) unless one is given."""
     mib = 1 << 20
     assert [agm.pull_chunks(n * mib) for n in (1, 15, 16, 31, 32, 48, 64, 1024)] == [1, 1, 1, 1, 2, 3, 4, 4]
     # 4096 rows x 8192 bf16 at W = 4: 16 MiB shards, one copy; 16384 rows: 64 MiB, four copies
-    assert agm.kernels(4096, 2048, 8192, 4, "bfloat16")[1][1][4] == 1
-    assert agm.kernels(16384, 2048, 8192, 4, "bfloat16")[1][1][4] == 4
-    # 48 MiB shards: 3 copies of 24 row tiles (12288 rows, K = 8192); of 8 row tiles (4096, K = 24576): 2
-    assert agm.kernels(12288, 2048, 8192, 4, "bfloat16")[1][1][4] == 3
-    assert agm.kernels(4096, 2048, 24576, 4, "bfloat16")[1][1][4] == 2
+    assert agm.kernels(4096, 2048, 8192, 4, "bfloat16")[1][1][3] == 0
+    assert agm.kernels(4096, 2048, 8192, 4, "bfloat16", chunks=3)[1][1][3] == 3
+    # 1024 rows x 8192 bf16: 16 MiB shards, one copy of 8 row tiles; 4096 rows: 64 MiB, four copies of 8 tiles
+    assert agm.chunk_tiles(8, 1024, 8192, 0, 2) == 8 and agm.chunk_tiles(32, 4096, 8192, 0, 2) == 8
+    # 48 MiB (3072 rows): 3 copies of 8 row tiles; 1000 rows at K = 24576 (46.9 MiB: 2 copies) of 4 tiles
+    assert agm.chunk_tiles(24, 3072, 8192, 0, 2) == 8 and agm.chunk_tiles(8, 1000, 24576, 0, 2) == 4
+    assert agm.chunk_tiles(1, 1, 8192, 0, 2) == 1 and agm.chunk_tiles(5, 600, 8192, 4, 2) == 2   # given: 4 chunks
 
 
 # ------------------------------------------------------------------------------------------ the push protocol
@@ -778,6 +830,45 @@ def test_pushes_start_with_the_call(fake_cuda, W, rank, contiguous):
     assert ops[second + 1:] == [(so.EVENT_WAIT, MAIN, "join"),
                                 (so.ZERO, MAIN, op.arrived.data_ptr(), 0, op.arrived.nbytes, 0)] + \
         [(so.WRITE, MAIN, op._flag_at["freed"][q], 1, 0, 0) for q in range(W) if q != rank]
+
+
+@pytest.mark.parametrize("W,rank", [(2, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_push_calls_of_fewer_rows_copy_and_flag_exactly_their_chunks(fake_cuda, W, rank, contiguous):
+    """Push with the rows per call (bound 8: 2 row tiles of 4, in 2 chunks): a call of m rows copies my m rows,
+    chunk by chunk (whole row tiles, the last chunk shorter or empty), from `a_local` (or my slot of A_full, filled
+    by torch) into my slot of each peer's A_full (rows rank x 8 ..), and sets every chunk's ``arrived`` word on that
+    peer (``arrived[me * slots + chunk]``), an empty chunk's too (a copy of no bytes); the profiled call issues
+    what the fast path does, its records with each chunk's bytes of this call; both GEMMs get m. gathered() then
+    copies my m rows into my slot once and returns the W x m rows of the call."""
+    log = fake_cuda
+    op = _ag_gemm(log, W, rank, set(range(W)), protocol="push")
+    rb = op.K * 2
+    for m, chunks in ((5, [(0, 4), (4, 1)]), (3, [(0, 3), (3, 0)]), (8, [(0, 4), (4, 4)]), (1, [(0, 1), (1, 0)])):
+        a, b, c = _args(op, contiguous, m)
+        a.copy_(torch.arange(a.numel(), dtype=torch.float16).view(m, op.K) + 1)
+        with log.Mode():
+            assert op(a, b, out=c) is c
+        fast, log.ops = log.ops, []
+        with log.Mode(), profiled(log) as rec:
+            assert op(a, b, out=c) is c
+        steps, log.ops = log.ops, []
+        assert fast == steps and op.m == m and op.chunk_rows(m) == chunks
+        assert [r[-1] for r in rec.records if r[1] == "copy_done"] == [n * rb for _ in range(W - 1) for _, n in chunks]
+        h = op.streams[0].cuda_stream
+        src = a.data_ptr() if a.is_contiguous() else op._slot.data_ptr()    # (one row: contiguous either way)
+        want = []
+        for j in range(1, W):
+            dst = (rank - j) % W
+            at = op._peers[dst].data_ptr() + rank * 8 * rb
+            for ch, (lo, n) in enumerate(chunks):
+                want += [(so.COPY, h, at + lo * rb, src + lo * rb, n * rb, 0),
+                         (so.WRITE, h, 0x500000 + 0x1000 * dst + 8 * (rank * op.slots + ch), 1, 0, 0)]
+        assert [o for o in fast if o[1] == h and o[0] in (so.COPY, so.WRITE) and o[2] not in op._freed_here] == want
+        assert [o for o in fast if o[0] == so.WRITE and o[1] == MAIN] == \
+            [(so.WRITE, MAIN, op._flag_at["freed"][q], 1, 0, 0) for q in range(W) if q != rank]
+        g = op.gathered()
+        assert g.shape == (W * m, op.K) and torch.equal(g[rank * m:(rank + 1) * m], a)
 
 
 def test_push_gathered_copies_my_rows_in_once(fake_cuda):

@@ -171,8 +171,8 @@ def test_ops_compile_their_kernels_as_one_batch(menv):
         op.build(fn, (1, 2))
     assert batches == [([(fn, (1, 2))], {"label": "Fake kernels"})]
     src = inspect.getsource(allgather_gemm.AGGemm.__init__)
-    ahead = src.index("self.compile_ahead(jobs + ([(fn, a[:-3], dict(profile=True, own=a[-2], sms=a[-1]))")
-    assert ahead < src.index("self.build(fn, jobs[0][1]") < src.index("fn(*a[:-3], profile=True")
+    ahead = src.index("self.compile_ahead(jobs + prof_jobs)")
+    assert src.index("prof_jobs = ") < ahead < src.index("self.build(fn, jobs[0][1]") < src.index("f(*a).prepare()")
     src = inspect.getsource(gemm_reduce_scatter.GemmRS.__init__)
     assert src.index("self.compile_ahead(jobs)") < src.index("self.build(gemm_fn")
 

@@ -78,12 +78,42 @@ def test_the_unfused_call_is_nccl_then_matmul(monkeypatch):
     monkeypatch.setattr(dist, "all_gather_into_tensor", all_gather)
     op = object.__new__(agm.AGGemm)
     op.M, op.N, op.K, op.dtype, op.fused, op._full, op.world_size = W * rows, N, K, torch.float32, False, None, W
+    op.rows = rows
     b, out = torch.randn(K, N), torch.full((W * rows, N), float("nan"))
     assert op._call_unfused(shards[1], b, out) is out
     torch.testing.assert_close(out, torch.cat(shards) @ b)
     assert op.gathered() is op._full and torch.equal(op._full, torch.cat(shards))
     op._call_unfused(shards[1].t().contiguous().t(), b, None)     # a non-contiguous shard: gathered contiguous
     assert calls[-1].is_contiguous()
+
+
+def test_an_unfused_call_of_fewer_rows_gathers_into_the_first_rows_of_the_buffer(monkeypatch):
+    """A call of m rows per rank below the op's bound: the AllGather fills the first W x m rows of the op's buffer
+    (of M rows, kept for calls up to the bound) and C has W x m rows; gathered() is those rows. A call of no rows
+    gathers nothing and returns an empty C."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from tilescale.ops import allgather_gemm as agm
+
+    W, rows, K, N, m = 2, 4, 8, 6, 3
+    shards = [torch.randn(m, K) for _ in range(W)]
+    sizes = []
+
+    def all_gather(out, inp, group=None):
+        sizes.append(tuple(out.shape))
+        out.copy_(torch.cat([shards[0], inp]))
+    monkeypatch.setattr(dist, "all_gather_into_tensor", all_gather)
+    op = object.__new__(agm.AGGemm)
+    op.M, op.N, op.K, op.dtype, op.fused, op._full, op.world_size = W * rows, N, K, torch.float32, False, None, W
+    op.rows = rows
+    b = torch.randn(K, N)
+    c = op._call_unfused(shards[1], b, None)
+    assert sizes == [(W * m, K)] and c.shape == (W * m, N) and op._full.shape == (W * rows, K)
+    torch.testing.assert_close(c, torch.cat(shards) @ b)
+    g = op.gathered()
+    assert g.data_ptr() == op._full.data_ptr() and torch.equal(g, torch.cat(shards))
+    assert op._call_unfused(shards[1][:0], b, None).shape == (0, N) and len(sizes) == 1
 
 
 @pytest.mark.parametrize("M,N,K", [(4096.0, 2048, 8192), ("512", 2048, 8192), (0, 2048, 8192), (512, -1, 8192),

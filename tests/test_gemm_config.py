@@ -150,28 +150,32 @@ def test_fused_kernel_args_follow_the_table(tmp_path, monkeypatch):
                                           ("gemm_rs", 8192, 8192, 4096, [SMALL])])
     monkeypatch.setattr(gemm, "TUNING_FILE", t)
     own, peers = _args(ag_gemm.kernels(8192, 2048, 8192, 2, "bfloat16"))   # its two GEMMs: one config
-    assert own[6:] == (256, 128, 64, 3, 256, 4, False, True, 132)   # ..., profile, own, SMs (the last wave's split)
-    assert peers[6:] == (256, 128, 64, 3, 256, 4, False, False, 132)
+    assert own[5:13] == (256, 128, 64, 3, 256, 4, False, True)   # ..., profile, own, (sms: a split grid's)
+    assert peers[5:13] == (256, 128, 64, 3, 256, 4, False, False)
+    plan = ag_gemm.grid_plan(8192, 2048, 8192, 2, 256, 128, 64, 132, True)
+    assert own[13:] == ((132,) if plan.split > 1 else (0,))
     # the pull path (GEMM + reduction) follows the table's "gemm_rs" entries
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", path="pull"))
-    assert g[5:] == (64, 256, 64, 4, 128, 0)
-    assert r[3] == 8192 // 256               # completion count per row block: one per column tile
-    assert r[6:] == (64, 256)             # the reduction's row block follows block_m
+    assert g[4:] == (64, 256, 64, 4, 128, 0)  # (N, K, W, dtype, config: the rows are the calls')
+    assert r[2] == 8192 // 256               # completion count per row block: one per column tile
+    assert r[5:] == (64, 256)             # the reduction's row block follows block_m
     g, r = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=BIG_M, path="pull"))
-    assert r[6:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
+    assert r[5:] == (256, 128)            # 256-row blocks: 128 columns per reduction tile (fp32 accumulator)
     # the push path (one node, no runtime here: the default) is one kernel; it has entries of its own
     # ("gemm_rs_push"), none in this table: the default config, not the pull path's tuned one
     assert gemm_rs.default_path(2) == "push"
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16"))
     d = DEFAULT
-    assert push[5:11] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[5:]
+    assert push[4:10] == (d.block_m, d.block_n, d.block_k, d.stages, d.threads, d.swizzle) != g[4:]
     (push,) = _args(gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=SMALL, path="push"))
-    assert push[5:11] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
+    assert push[4:10] == (64, 256, 64, 4, 128, 0)   # an explicit config is taken on either path
     for path in gemm_rs.PATHS:
         with pytest.raises(ValueError, match="config: .*block_n=192"):
             gemm_rs.kernels(8192, 8192, 4096, 2, "bfloat16", config=N192, path=path)
-    with pytest.raises(ValueError, match="M: got 4096"):
-        ag_gemm.kernels(4096, 2048, 8192, 32, "bfloat16", config=BIG_M)
+    # AG+GEMM takes its rows at run time: 128 rows per rank run in 256-row tiles (half of one masked off)
+    assert _args(ag_gemm.kernels(4096, 2048, 8192, 32, "bfloat16", config=BIG_M))[0][5] == 256
+    with pytest.raises(ValueError, match="M: got 4097, expected a multiple of world_size = 32"):
+        ag_gemm.kernels(4097, 2048, 8192, 32, "bfloat16", config=BIG_M)
 
 
 # ------------------------------------------------------------------ the sweep (bench_gemm_configs.py)
@@ -407,7 +411,7 @@ def build_jobs() -> dict:
     b = _sweep()
     _, ag = allgather_gemm.kernels(4096, 2048, 1024, 4, "bfloat16", config=BIG_M, sms=0)   # the others' rows, 2-D
     split = (allgather_gemm.ag_gemm_kernel,                  # own rows at W = 2 (352 tiles), split on 132 SMs
-             (8192, 2752, 1024, 2, 4, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
+             (2752, 1024, 2, 0, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132))
     [push] = gemm_reduce_scatter.kernels(4096, 2048, 4096, 2, "bfloat16", config=SMALL, path="push")
     _, red = gemm_reduce_scatter.kernels(4096, 2048, 1024, 2, "bfloat16", config=SMALL, path="pull")
     stub = stub_libcuda_dir()
@@ -460,24 +464,37 @@ def test_split_plan_splits_only_a_short_last_wave():
 
 
 def test_ag_gemm_splits_its_tail_in_the_kernel(gemm_builds):
-    """The split GEMM of AG+GEMM (own rows at W = 2): a 1-D grid of 264 whole tiles + 88 x 3 slices; slices count
-    their partial sums (release at GPU scope), the last slice waits for this call's count, stores, counts the call."""
+    """The split GEMM of AG+GEMM (own rows at W = 2): a 1-D grid of 264 whole tiles + 88 x 3 slices at the bound
+    (8192 rows); a call of fewer rows splits as its own plan says (the split factor and tail tiles are arguments of
+    the call); slices count their partial sums (release at GPU scope), the last slice waits for this call's count
+    on top of the fix-ups before, stores, then counts what it took."""
     from tilescale.ops import allgather_gemm as agm
+    from tilescale.ops.gemm import SplitPlan
 
     assert agm.grid_plan(8192, 2752, 1024, 2, 128, 256, 64, 132, True).blocks == 264 + 88 * 3   # the build below
-    assert [agm.kernel_plan(a).split for _, a in agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT)] == [3, 3]
-    assert [agm.kernel_plan(a).split for _, a in agm.kernels(8192, 2752, 1024, 4, "bfloat16", config=DEFAULT)] == [3, 1]
+    jobs = agm.kernels(8192, 2752, 1024, 2, "bfloat16", config=DEFAULT)
+    assert [agm.kernel_plan(a, 8192).split for _, a in jobs] == [3, 3]
+    assert jobs[0][1] == (2752, 1024, 2, 0, "bfloat16", 128, 256, 64, 3, 256, 10, False, True, 132)
+    assert [agm.kernel_plan(a, 8192).split for _, a in agm.kernels(8192, 2752, 1024, 4, "bfloat16", config=DEFAULT)] \
+        == [3, 1]
     [(_, ws1)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT)
-    assert agm.kernel_plan(ws1).blocks == 660 + 44 * 3
+    for rows in (8192, 2048, 256, 1920):        # each call as a kernel built for its rows alone: grid_plan
+        assert agm.kernel_plan(ws1, rows) == agm.grid_plan(rows, 2752, 1024, 1, 128, 256, 64, 132, True)
+    assert agm.kernel_plan(ws1, 8192).blocks == 660 + 44 * 3 and agm.kernel_plan(ws1, 2048).blocks == 132 + 44 * 3
+    assert agm.kernel_plan(ws1, 256) == SplitPlan(22, 0, 4)   # less than a wave: in 4 slices, not the bound's 3
+    # one workspace for every call: the most partial sums and tail tiles any call up to the bound takes
+    tiles, words = agm.split_space(ws1, 8192)
+    plans = [agm.grid_plan(r * 128, 2752, 1024, 1, 128, 256, 64, 132, True) for r in range(1, 65)]
+    assert (tiles, words) == (max(p.tail * (p.split - 1) for p in plans), max(p.tail for p in plans if p.split > 1))
     [(_, plain)] = agm.kernels(8192, 2752, 1024, 1, "bfloat16", config=DEFAULT, sms=0)
-    assert agm.kernel_plan(plain).split == 1
+    assert agm.kernel_plan(plain, 8192).split == 1
     src = gemm_builds["ag_gemm_split"].source
-    assert "rasterization2D" not in src and "660 <= ((int)blockIdx.x)" not in src
-    assert "(264 <= ((int)blockIdx.x))" in src                                  # the tail's blocks
+    assert "rasterization2D" not in src
+    assert "int slices, int tail" in src                   # the call's split factor and tail tiles
     assert "tilescale::release_stores<1" in src                                 # slices: counted at GPU scope
     wait = src.index("tilescale::wait_until<unsigned long long>((&(tail_arrived")
     assert src.index("tilescale::release_stores<1") < wait
-    assert "* (uint64_t)16)" in src                                             # (fixed + 1) x 2 slices x 8 warps
+    assert "(tail_fixed[" in src[wait:wait + 400] and "((slices * 8) - 8)" in src[wait:wait + 600]   # + (s - 1) x 8
     assert wait < src.rindex("tl::tma_store(") < src.index("] = (tail_fixed[")   # counted after the tile's store
 
 

@@ -74,8 +74,8 @@ def test_ranks_sharing_a_gpu_through_mps_pull(no_runtime, monkeypatch, tmp_path)
 
 def test_each_path_builds_its_own_kernels(no_runtime):
     [(fn, args)] = grs.kernels(4096, 2048, 4096, 4, "bfloat16")
-    assert fn is grs.gemm_rs_push_kernel and args[:5] == (4096, 2048, 4096, 4, "bfloat16")
-    assert GemmConfig(*args[5:11]) == DEFAULT    # no tuning entries of its own: the default config
+    assert fn is grs.gemm_rs_push_kernel and args[:4] == (2048, 4096, 4, "bfloat16")   # (no M: the calls' rows)
+    assert GemmConfig(*args[4:10]) == DEFAULT    # no tuning entries of its own: the default config
     (g, _), (r, _) = grs.kernels(4096, 2048, 1024, 4, "bfloat16", path="pull")
     assert (g, r) == (grs.gemm_rs_gemm_kernel, grs.gemm_rs_reduce_kernel)
 
@@ -84,10 +84,16 @@ def test_push_kernel_runs_one_block_per_sm(no_runtime):
     """The push kernel at more than one rank: one block per SM of the GPU (`sms`), at any K."""
     for K in (1024, 2048, 8192):
         [(fn, args)] = grs.kernels(4096, 2048, K, 4, "bfloat16", sms=114)
-        assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[5:11]) == DEFAULT and args[11:] == (114,)
-    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(4096, 2048, 8192, 4, sms=114)))
+        assert fn is grs.gemm_rs_push_kernel and GemmConfig(*args[4:10]) == DEFAULT and args[10:] == (114,)
+    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(2048, 8192, 4, sms=114)))
     assert "__launch_bounds__(384, 1)" in src and "blockIdx.y" not in src   # 1-D: 114 blocks (the launch)
-    assert "(((369 - ((int)blockIdx.x)) / 114) * 128)" in src              # 4 steps of 8 x 8 tiles: 2 or 3 a block
+    # tiles b, b + 114, ... of the call's 4 steps of ceil(m / 128) x 8 tiles (none: a block past them), each role
+    head = "for (int j = 0; j < (((((((m + 127) >> 7) * 32) + 113) - ((int)blockIdx.x)) / 114)"
+    assert src.count("for (int j") == 3 and head in src
+    # warp 0: each tile's place once, then its 128 steps of K (no division by the call's tiles per step)
+    load = src[src.index("for (int j = 0;"):src.index("for (int j_1 = 0;")]
+    steps = load[load.index("for (int ko = 0; ko < 128; ++ko) {"):]
+    assert "/ (((m + 127) >> 7)" in load[:load.index("for (int ko")] and "(m + 127)" not in steps
 
 
 def test_persistent_kernel_rasterizes_in_equal_panels():
@@ -97,13 +103,20 @@ def test_persistent_kernel_rasterizes_in_equal_panels():
 
     assert [even_panel(rows, 10) for rows in (8, 16, 32, 12, 7)] == [8, 8, 8, 6, 7]
     assert even_panel(16, 0) == 0 and even_panel(16, 16) == 16
-    # in the kernel: 16 rows of tiles per rank (M = 8192 at 4 ranks): swizzle 10 rasterizes as 8 does, not as 16
+    # in the kernel the rows of tiles per rank are the call's: the panel is computed once from them, the largest
+    # of 10 .. 1 that divides them (a chain of selects, last one first)
+    import tilelang.language as TL
+    from tilelang import tvm
 
-    def src(swizzle):
-        return kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(8192, 8192, 512, 4, "bfloat16", 128, 256,
-                                                                             64, 3, 256, swizzle, 132)))
-
-    assert src(10) == src(8) != src(16)
+    rows = tvm.tirx.Var("rows", "int32")
+    panel = even_panel(rows, 10)
+    ana = tvm.arith.Analyzer()
+    for r in (8, 16, 32, 12, 7, 1, 10, 30):
+        assert ana.simplify(tvm.tirx.stmt_functor.substitute(panel, {rows: TL.int32(r)})) == even_panel(r, 10)
+    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(8192, 512, 4, "bfloat16", 128, 256, 64, 3, 256,
+                                                                         10, 132)))
+    head = src[:src.index("pnl[0] = ")]                       # the selects, once, before the roles
+    assert src.count("pnl[0] = ") == 1 and all(f" = {p};" in head for p in range(2, 11))
 
 
 def _roles(src: str) -> dict:
@@ -113,7 +126,7 @@ def _roles(src: str) -> dict:
     assert src[group0:].index("tl::warpgroup_reg_dealloc<40>();") < src[group0:].index("if (((int)threadIdx.x) < 32) {")
     assert src.count("tl::warpgroup_reg_dealloc<") == 1 and src.count("tl::warpgroup_reg_alloc<232>();") == 1
     load = src.index("if (((int)threadIdx.x) < 32) {")
-    sums = src.index("} else {\n      for (int j = 0;", load)      # the rest of warpgroup 0: warps 1-3
+    sums = src.index("} else {\n      for (int j_1 = 0;", load)    # the rest of warpgroup 0: warps 1-3
     mma = src.index("tl::warpgroup_reg_alloc<232>();")
     assert group0 < load < sums < mma
     return {"load": src[load:sums], "sums": src[sums:mma], "mma": src[mma:]}
@@ -128,19 +141,19 @@ def test_push_kernel_protocol(W):
     the multiplying warps wait for nothing but their stages and the tile, add, write the sum out, fence and arrive:
     no named barrier in the loop over K, nothing of the network."""
     M, N, K = 1024 * max(W // 4, 1), 512, 256
-    func = grs.gemm_rs_push_kernel.get_tir(M, N, K, W, sms=8)
+    func = grs.gemm_rs_push_kernel.get_tir(N, K, W, sms=8)
     bufs = [func.buffer_map[p] for p in func.params]
-    assert tuple(b.name for b in bufs) == grs.PUSH_PARAMS            # what GemmRS launches it with
-    slots, tiles = W - 1, (M // W // 128) * (N // 256)
-    assert [int(d) for d in bufs[3].shape] == [2 * slots * tiles * 128, 256 + 8]   # 2 halves of W - 1 slots of
-    assert [int(d) for d in bufs[4].shape] == [slots * tiles]                      # tiles; a count per slot, tile
-    assert grs.push_shapes(M, N, W, 128, 256) == (tuple(bufs[3].shape), tuple(bufs[4].shape))
+    assert tuple(b.name for b in bufs) == grs.PUSH_PARAMS[:9]        # what GemmRS launches it with (then the sizes)
+    assert [str(d) for d in bufs[3].shape] == ["r_rows", "264"] and [str(d) for d in bufs[4].shape] == ["words"]
+    slots, tiles = W - 1, (M // W // 128) * (N // 256)              # at a bound of M rows: 2 halves of W - 1 slots
+    assert grs.push_shapes(M, N, W, 128, 256) == ((2 * slots * tiles * 128, 264), (slots * tiles,))   # of tiles
     src = kernel_function(lower_source(func))
     r = _roles(src)
     # 1: warp 0, TMA loads of X and W into the stage after waiting for it to be free, for every (tile, K step)
     assert r["load"].count("tl::tma_load(X_desc") == 1 and "tl::tma_load(Wt_desc" in r["load"]
-    assert r["load"].index("empty[(it % 3)].wait((((it / 3) & 1) ^ 1));") < r["load"].index("tl::tma_load(X_desc")
-    assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(it % 3)].arrive();")
+    assert r["load"].index("empty[(((j * 4) + ko) % 3)].wait((((((j * 4) + ko) / 3) & 1) ^ 1));") < \
+        r["load"].index("tl::tma_load(X_desc")
+    assert r["load"].index("tl::tma_load(Wt_desc") < r["load"].index("full[(((j * 4) + ko) % 3)].arrive();")
     assert "tilescale::" not in r["load"]
     # 2: the call number, known to every thread before the roles (the sums warps' every use of it)
     sums = r["sums"]
@@ -154,29 +167,34 @@ def test_push_kernel_protocol(W):
     assert re.search(r"if \(\(\(int\)threadIdx.x\) == 32\) \{\s*tilescale::arrive_barrier", sums)  # 1 arrival
     assert "tilescale::init_barrier((&(landed[0])), 1);" in src                # of 1 expected
     assert ", 1, 67584, 67584, 67584, (&(landed[0])));" in sums      # one copy: the tile's 128 padded rows
-    summed = sums.index("summed[0].wait((j & 1));")
-    assert re.search(r"\}\s*\}\s*\}\s*summed\[0\]\.wait\(\(j & 1\)\);", sums), "all three wait (not in warp 1's if)"
+    summed = sums.index("summed[0].wait((j_1 & 1));")
+    assert re.search(r"\}\s*\}\s*\}\s*summed\[0\]\.wait\(\(j_1 & 1\)\);", sums), "all three wait (not in warp 1's if)"
     push = sums.index("tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(Rp[")
-    count = sums.index("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[")
+    # counted up to the call number: the calls since this rank last pushed the tile (its own `pushed`), then noted
+    count = sums.index("tilescale::release_stores<2, unsigned long long, 0>((e[0] - pushed[at[(int64_t)1]]), (&(Ap[")
+    assert sums.count("pushed[at[(int64_t)1]] = e[0];") == 1 and sums.index("pushed[at[(int64_t)1]] = e[0];") > count
     assert load < summed < push < count
     assert ", 1, 67584, 67584, 67584, 32, 96);" in sums[push:count], "the padded tile, by threads 32 .. 127"
-    assert re.search(r"32, 96\);\s*if \(\(\(int\)threadIdx.x\) < 64\) \{\s*tilescale::release_stores", sums[push:]), \
+    guards = r"(\s*if \([^{]*\) \{)*"    # (tilelang's bounds checks of buffers of a run-time size)
+    assert re.search(r"32, 96\);[\s}]*if \(\(\(int\)threadIdx.x\) < 64\) \{" + guards + r"\s*tilescale::release_stores",
+                     sums[push:]), \
         "counted once, by warp 1, after the group met"
-    mine = (r"if \(\(\(int\)threadIdx.x\) < 64\) \{\s*tilescale::store_rows_async\("
-            r"\(&\(\(\(bfloat16_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);")
+    mine = (r"if \(\(\(int\)threadIdx.x\) < 64\) \{(\s*if \([^{]*\) \{)*\s*tilescale::store_rows_async\("
+            r"\(&\(\(\(bfloat16_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, min\(128, \(m - at\[2\]\)\), 512, 528, 1024, 1\);")
     assert re.search(mine, sums[summed:push]), "my rows: into C by warp 1, written"
-    assert re.search(r"\(\(int\)\(e\[0\] & \(uint64_t\)1\)\) \* " + str(slots * tiles * 128 * 264) + r"\)",
-                     sums[push:count]), "this call's half of the slab"
+    half = r"\(\(int64_t\)\(e\[0\] & \(uint64_t\)1\)\) \* \(\(int64_t\)pnl\[\(int64_t\)1\]\)\) \* \(int64_t\)" + str(
+        slots * 128 * 264)
+    assert re.search(half, sums[push:count]), "this call's half of the slab (the layout's tiles: the bound's)"
     assert src.count("tilescale::release_stores<") == 1 and src.count("tilescale::wait_until<") == 1
     assert src.count("tilescale::store_tile(") == 1 and src.count("tilescale::store_rows_async(") == 1
     # 3: the multiplying warps: stages, then the tile's sum in, add, sum out, fence, arrive
     mma = r["mma"]
-    loop = mma[mma.index("for (int ko = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));")]
+    loop = mma[mma.index("for (int ko_1 = 0;"):mma.index("tilescale::wait_barrier((&(landed[0])), (j_2 & 1));")]
     assert "sync_thread" not in loop and "fence_proxy_async" not in loop and "tilescale::" not in loop
-    assert loop.index("full[(((j_1 * 4) + ko) % 3)].wait(((((j_1 * 4) + ko) / 3) & 1));") < loop.index(
-        "wgmma_ss<") < loop.index("empty[(((j_1 * 4) + ko) % 3)].arrive();")      # the same step as warp 0's
-    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
-    tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_1 & 1));"):]
+    assert loop.index("full[(((j_2 * 4) + ko_1) % 3)].wait(((((j_2 * 4) + ko_1) / 3) & 1));") < loop.index(
+        "wgmma_ss<") < loop.index("empty[(((j_2 * 4) + ko_1) % 3)].arrive();")    # the same step as warp 0's
+    assert re.search(r"wgmma_ss<.*\(\(0 < ki\) \? 1 : \(\(ko_1 == 0\) \? 0 : 1\)\)\);", loop), "scale-d clears"
+    tail = mma[mma.index("tilescale::wait_barrier((&(landed[0])), (j_2 & 1));"):]
     assert tail.index("__bfloat1622float2") < tail.index("__float22bfloat162_rn") < tail.rindex(
         "tl::fence_proxy_async();") < tail.index("summed[0].arrive();")
     assert "peer_ptr" not in src and "nvshmem_ptr" not in src      # the peer through its view: no call in the kernel
@@ -214,8 +232,8 @@ def test_the_warp_that_stores_a_tile_counts_it(cfg):
     producer warpgroup first (warps 0-3): exactly one consumer warp qualifies."""
     from tilescale.compat import storing_warp
 
-    M, N, K, W = 4096, 2048, 1024, 4
-    args = (M, N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)
+    N, K, W = 2048, 1024, 4
+    args = (N, K, W, "bfloat16", cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads, cfg.swizzle)
     src = kernel_function(lower_source(grs.gemm_rs_gemm_kernel.get_tir(*args)))
     assert "if (((int)threadIdx.x) < 128) {" in src                      # the producer warpgroup first
     elect, warps = _warp_of_store_and_counts(src, "P_desc")
@@ -226,7 +244,7 @@ def test_the_warp_that_stores_a_tile_counts_it(cfg):
 
 
 def test_push_kernel_at_world_size_1_is_the_gemm_alone():
-    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(1024, 512, 256, 1)))
+    src = kernel_function(lower_source(grs.gemm_rs_push_kernel.get_tir(512, 256, 1)))
     assert src.count("tl::tma_store(") == 1 and "tl::tma_store(C_desc" in src
     assert "wait_until" not in src and "release_stores" not in src
 
@@ -236,8 +254,9 @@ def test_loopback_kernel_is_the_push_kernel_on_one_gpu():
     its own slab and counted in its own words; its parameter `ranks` is not a world size the job must match."""
     from tilescale.compiler import WORLD_SIZE_PARAMS
 
-    src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(1024, 512, 256, 4, sms=8)))
-    assert "tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(R[" in src and "Rp" not in src
-    assert "tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(arrived[" in src and "Ap" not in src
+    src = kernel_function(lower_source(grs.gemm_rs_push_loopback_kernel.get_tir(512, 256, 4, sms=8)))
+    assert "tilescale::store_tile((&(((bfloat16_t*)Rs)[0])), (&(R[" in src and "Rp[" not in src
+    assert "tilescale::release_stores<2, unsigned long long, 0>((e[0] - pushed[" in src and "(&(arrived[" in src
+    assert "Ap[" not in src
     assert "tilescale::load_rows_async((&(R[" in src
     assert "ranks" not in WORLD_SIZE_PARAMS

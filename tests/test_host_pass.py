@@ -37,7 +37,7 @@ def ag_gemm(guard: bool = True) -> str:
     with pytest.MonkeyPatch.context() as mp:
         if not guard:
             mp.setattr(codegen, "device_code_for_device_pass", lambda code: code)
-        return lower_source(ag_gemm_kernel.get_tir(1024, 512, 512, 4, 2, "float16"), target=SM90)
+        return lower_source(ag_gemm_kernel.get_tir(512, 512, 4, 2, "float16"), target=SM90)
 
 
 @pytest.fixture(scope="module")

@@ -243,8 +243,8 @@ CONSTRUCTION = [
      r"AGGemm: M: got 4096\.0, expected an int >= 1"),
     ("AGGemm K=0", lambda: ag_gemm.AGGemm(4096, 2048, 0, torch.bfloat16), OpArgumentError,
      r"AGGemm: K: got 0, expected an int >= 1"),
-    ("AGGemm M multiple", lambda: ag_gemm.AGGemm(4096 + 64, 2048, 1024, torch.bfloat16), OpArgumentError,
-     r"AGGemm: M: got 4160, expected a multiple of world_size x block_m"),
+    ("AGGemm M multiple", lambda: ag_gemm.AGGemm(4096 + 1, 2048, 1024, torch.bfloat16), OpArgumentError,
+     r"AGGemm: M: got 4097, expected a multiple of world_size = 2"),
     ("AGGemm config", lambda: ag_gemm.AGGemm(4096, 2048, 1024, torch.bfloat16, config="fast"), OpArgumentTypeError,
      r"AGGemm: config: got 'fast', expected a tilescale.ops.gemm.GemmConfig"),
     ("AGGemm chunks", lambda: ag_gemm.AGGemm(4096, 2048, 1024, torch.bfloat16, chunks=-1), OpArgumentError,
@@ -420,7 +420,9 @@ def _calls(monkeypatch):
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     good = [(ag, (t(8, 4, dtype=bf),), {}), (ag, (t(4, 8, dtype=bf).t(),), {"out": t(16, 4, dtype=bf)}),
             (agg, (t(64, 32, dtype=bf), t(32, 48, dtype=bf)), {}),
+            (agg, (t(1, 32, dtype=bf), t(32, 48, dtype=bf)), {"out": t(2, 48, dtype=bf)}),   # rows under the bound
             (rs, (t(128, 32, dtype=f16), t(32, 48, dtype=f16)), {"out": t(64, 48, dtype=f16)}),
+            (rs, (t(6, 32, dtype=f16), t(32, 48, dtype=f16)), {"out": t(3, 48, dtype=f16)}),
             (ar, (t(16),), {"out": t(16)}), (red, (t(16),), {}), (a2a, (t(8, 2, dtype=torch.int8),), {}),
             (bc, (t(8),), {})]
     bad = [
@@ -442,8 +444,16 @@ def _calls(monkeypatch):
          r"AGGemm: out: got a float32"),
         (agg, (t(64, 32, dtype=bf), t(32 * 48 + 1, dtype=bf)[1:].view(32, 48)), {},
          r"AGGemm: b: .*not 16-byte aligned"),
-        (agg, (t(32, 32, dtype=bf), t(32, 48, dtype=bf)), {},
-         r"AGGemm: a_local: got a bfloat16 tensor of shape \(32, 32\)"),
+        (agg, (t(65, 32, dtype=bf), t(32, 48, dtype=bf)), {},
+         r"AGGemm: a_local: got a bfloat16 tensor of shape \(65, 32\) on cpu, expected at most 64 rows \(the bound"),
+        (agg, (t(32, 31, dtype=bf), t(32, 48, dtype=bf)), {},
+         r"AGGemm: a_local: got a bfloat16 tensor of shape \(32, 31\) on cpu, expected a bfloat16 tensor of shape "
+         r"\(32, 32\)"),
+        (agg, (t(32, 32, dtype=bf), t(32, 48, dtype=bf)), {"out": t(128, 48, dtype=bf)},
+         r"AGGemm: out: .*expected .* of shape \(64, 48\) on cpu \(world_size x the rows of a_local\)"),
+        (rs, (t(130, 32, dtype=f16), t(32, 48, dtype=f16)), {},
+         r"GemmRS: x: got a float16 tensor of shape \(130, 32\) on cpu, expected W x m rows, m <= M / world_size = 64"),
+        (rs, (t(7, 32, dtype=f16), t(32, 48, dtype=f16)), {}, r"GemmRS: x: .*expected W x m rows"),
         (rs, (t(128, 32, dtype=f16), t(32, 48, dtype=f16)), {"out": t(128, 48, dtype=f16)},
          r"GemmRS: out: got a float16 tensor of shape \(128, 48\) on cpu, expected a contiguous, 16-byte aligned "
          r"float16 tensor of shape \(64, 48\)"),
@@ -610,8 +620,9 @@ def test_gemm_rs_push_is_refused_where_the_job_cannot_take_it(fake, monkeypatch)
 
 
 def test_gemm_rs_size_bound_is_where_tvm_stops(clean_ts_env):
-    """The bound of the pull path is TVM's: its reduction does not build at M x N = 2**31 (the literal of a call's
-    half of the partials) and does just below; the push kernel indexes in 64 bits and takes that size."""
+    """The bound of the pull path: its kernels index the partials of a call's half (M x N) in 32 bits where the
+    sizes are literals; the rows and the partials' sizes are run-time sizes now (64-bit indices, so TVM lowers any
+    M), and the op refuses M x N >= 2**31 itself (check_sizes); the push kernel indexes in 64 bits and takes it."""
     from tilescale import build_only
 
     def lowers(M, N, path):
@@ -625,7 +636,7 @@ def test_gemm_rs_size_bound_is_where_tvm_stops(clean_ts_env):
 
     with pytest.raises(OpArgumentError, match="M x N"):
         gemm_rs.check_sizes(65536, 32768, 1024, 2, "pull", 128)
-    assert not lowers(65536, 32768, "pull")
+    assert lowers(65536, 32768, "pull")                              # (refused by check_sizes, not by TVM)
     gemm_rs.check_sizes(32768, 32768, 1024, 2, "pull", 128)        # 2 x M x N = 2**31 elements of P: taken
     assert lowers(32768, 32768, "pull")
     gemm_rs.check_sizes(65536, 32768, 1024, 2, "push", 128)

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "profiler" / "ag_gemm_profile_off.cu"
 BENCH = REPO / "benchmarks" / "profile_ag_gemm.py"
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
-AG_ARGS = (4096, 1024, 512, 2, 4, "bfloat16", 128, 256, 64, 3, 256)   # the snapshot's kernel (explicit config)
+AG_ARGS = (1024, 512, 2, 4, "bfloat16", 128, 256, 64, 3, 256)   # the snapshot's kernel (explicit config)
 I64, U64 = "int64", "uint64"
 
 
@@ -976,12 +976,14 @@ def test_ag_gemm_with_timestamps_compiles(build_env, tmp_path, monkeypatch):
     assert kernel.count("tilescale_profile_timestamp()") == 3 and kernel.count("tilescale_profile_smid()") == 1
     # the record layout the decoder reads: words 0..7 of slot (by * tiles_n + bx) * TILE_WORDS
     for w in range(TILE_WORDS):
-        field = f"+ {w})]" if w else "* 8))]"
+        field = f"+ (int64_t){w})]" if w else "* (int64_t)8))]"     # (64-bit: the grid's rows are a run-time size)
         assert field in kernel, (TILE_FIELDS[w], kernel[:3000])
     # the GEMM itself is the uninstrumented one: every line of that kernel's body is still there
     off = GOLDEN.read_text()
     body = off[off.index('extern "C" __global__ void __launch_bounds__'):].split("{", 1)[1].split("\n#else\n")[0]
-    missing = [ln for ln in body.splitlines() if ln.strip() and "<site>" not in ln and ln not in kernel]
+    def temps(text):   # the numbering of TVM's temporaries (the row arithmetic of the run-time rows): dropped
+        return re.sub(r"\b(rmod|rdiv)_\d+\b", r"\1", text)
+    missing = [ln for ln in temps(body).splitlines() if ln.strip() and "<site>" not in ln and ln not in temps(kernel)]
     assert not missing, missing[:5]
 
 
@@ -1004,7 +1006,7 @@ def test_ag_gemm_timestamps_stay_out_of_the_mainloop(build_env):
             ln = lines[j]
             depth += ln.count("}") - ln.count("{")
             if depth < 0:
-                if guard is None:
+                if guard is None and "< prof_words)" not in ln:   # (a record's bounds check: a run-time size)
                     guard = ln.strip()
                 assert not ln.strip().startswith(("for ", "while ")), f"stamp in a loop: {lines[i]}"
                 depth = 0
@@ -1035,7 +1037,6 @@ def test_bench_prebuilds_both_gemms_plain_and_stamped(W):
     own = [True, True, False, False][:2 if W == 1 else 4]
     # args end with (profile, own, sms)
     assert [a[-2] for a in gemms] == own and [a[-3] for a in gemms] == [False, True] * (len(own) // 2)
-    assert {a[-1] for a in gemms} == {132}    # the SM count (the last wave's split), at every world size
 
 
 def test_summary_and_timeline_png_from_a_trace(gpu, tmp_path):

@@ -1,7 +1,7 @@
 """torch.ops.tilescale.* (tilescale/pytorch/torch_ops.py) on a machine without a GPU: fake (meta) impls under
 FakeTensorMode, torch.library.opcheck, torch.compile(fullgraph=True) of a TP MLP (and of the async-TP drop-ins), the
 autograd formulas in a simulated world (W threads, one per rank, with collectives over shared memory:
-tests/torch_worlds.py), the padding of ag_gemm / gemm_rs tails, the fallbacks, and the checks of
+tests/torch_worlds.py), ag_gemm / gemm_rs of any rows, the fallbacks, and the checks of
 example_tp_layer.py's CUDA graph section (its capture replaced by reruns of the step, in the simulated world). The
 async-TP drop-ins themselves: tests/test_async_tp_cpu.py. The same ops on GPUs (opcheck, the layer against
 torch, the drop-in against torch.ops.symm_mem, the TP step replayed from a CUDA graph):
@@ -295,7 +295,7 @@ def test_collectives_in_threads(world):
 # ------------------------------------------------------------------------------- fused or not, fallbacks
 def test_why_not_fused():
     bf = torch.bfloat16
-    assert torch_ops.why_not_fused("ag_gemm", 4100, 1024, 512, bf, 2) is None       # tail: padded
+    assert torch_ops.why_not_fused("ag_gemm", 4100, 1024, 512, bf, 2) is None       # any rows
     assert torch_ops.why_not_fused("gemm_rs", 100, 1024, 512, bf, 4) is None
     assert "dtype" in torch_ops.why_not_fused("ag_gemm", 128, 1024, 512, torch.float32, 2)
     assert "multiples of 8" in torch_ops.why_not_fused("ag_gemm", 128, 1020, 512, bf, 2)
@@ -325,43 +325,66 @@ class FakeRuntime:
         return [obj] * self.info.world_size
 
 
-class FakeFused:
-    """An AGGemm / GemmRS of the padded shape (its checks: whole 128-row tiles per rank), mirror world."""
+class FakeAGGemm:
+    """An AGGemm of a bound of rows per rank (a power of two, at least 128) taking any rows up to it, mirror world:
+    its gathered A is its buffer after a call of the bound's rows (the function returns a copy), else a copy."""
 
-    def __init__(self, kind, M, N, K, dtype, W):
-        assert (M // W) % 128 == 0, M
-        self.kind, self.M, self.W, self.a = kind, M, W, None
+    def __init__(self, M, N, K, dtype, *, config=None, split=True):
+        W = runtime.current().info.world_size
+        assert M % W == 0 and (M // W) & (M // W - 1) == 0 and M // W >= 128 and not split, (M, W, split)
+        self.M, self.W, self.a_full = M, W, torch.empty(M, K, dtype=dtype)
+        self.rows = self.m = M // W       # the bound of rows per rank, the last call's
+        self.fused = True
 
     def __call__(self, a, b):
-        if self.kind == "ag":
-            assert a.shape[0] * self.W == self.M
-            self.a = torch.cat([a] * self.W)
-            return self.a @ b
-        assert a.shape[0] == self.M and a.is_contiguous()
-        return ((a @ b) * self.W)[:self.M // self.W]
+        assert a.shape[0] <= self.rows
+        self.m = a.shape[0]
+        self.a_full[:self.W * self.m] = torch.cat([a] * self.W)
+        return self.a_full[:self.W * self.m] @ b
 
     def gathered(self):
-        return self.a
+        return self.a_full if self.m == self.rows else self.a_full[:self.W * self.m].clone()
+
+
+class FakeGemmRS:
+    """A GemmRS of a bound of rows per rank (a power of two, at least 128) taking any rows up to it, mirror world."""
+
+    def __init__(self, M, N, K, dtype, *, config=None):
+        W = runtime.current().info.world_size
+        assert M % W == 0 and (M // W) & (M // W - 1) == 0 and M // W >= 128, (M, W)
+        self.M, self.W = M, W
+
+    def __call__(self, x, w):
+        assert x.shape[0] <= self.M and x.is_contiguous()
+        return ((x @ w) * self.W)[:x.shape[0] // self.W]
 
 
 @pytest.mark.parametrize("W,rows", [(2, 4100), (4, 100), (2, 256)])
-def test_ag_gemm_and_gemm_rs_pad_row_tails(monkeypatch, W, rows):
+def test_ag_gemm_and_gemm_rs_take_any_rows(monkeypatch, W, rows):
     monkeypatch.setattr(runtime, "current", lambda: FakeRuntime(W))
     monkeypatch.setattr(checks, "this_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(ag_gemm_mod, "_cached", lambda *k: FakeFused("ag", *k))
-    monkeypatch.setattr(gemm_rs_mod, "_cached", lambda *k: FakeFused("rs", *k))
+    monkeypatch.setattr(ag_gemm_mod, "AGGemm", FakeAGGemm)
+    ag_gemm_mod._cached.cache_clear()
+    monkeypatch.setattr(gemm_rs_mod, "GemmRS", FakeGemmRS)
+    monkeypatch.setattr(gemm_rs_mod, "default_path", lambda W, K=None: "push")
+    gemm_rs_mod._cached.cache_clear()
     bf = torch.bfloat16
     a, b = randn(rows, 64, seed=1, dtype=bf), randn(64, 32, seed=2, dtype=bf)
     c, af = ag_gemm_mod.ag_gemm(a, b, return_gathered=True)
     assert c.shape == (W * rows, 32) and af.shape == (W * rows, 64)
     torch.testing.assert_close(c, torch.cat([a] * W) @ b)
     torch.testing.assert_close(af, torch.cat([a] * W))
+    [op] = ag_gemm_mod._cached.entries.values()
+    assert af.data_ptr() != op.a_full.data_ptr()             # a copy: the op's buffer is the next call's
+    ag_gemm_mod._cached.cache_clear()
     x = randn(W * rows, 64, seed=3, dtype=bf)
     y = gemm_rs_mod.gemm_rs(x, b)
     assert y.shape == (rows, 32)
     torch.testing.assert_close(y, ((x @ b) * W)[:rows])   # rank 0's rows of the mirror world's sum
     with pytest.raises(ValueError, match="multiple of the world size"):
         gemm_rs_mod.gemm_rs(randn(W * rows + 1, 64, dtype=bf), b)
+    assert len(gemm_rs_mod._cached) == 1
+    gemm_rs_mod._cached.cache_clear()
 
 
 # ------------------------------------------------------------ example_tp_layer's CUDA graph section, in threads

@@ -33,7 +33,8 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
     from tilescale.ops import prebuild
 
     rank, W = info.rank, info.world_size
-    prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for j in prebuild.ag_gemm_jobs([(M, K, N)], W, d)])
+    prebuild.on_local_rank0([j for d in ("bfloat16", "float16") for cached in (False, True)
+                             for j in prebuild.ag_gemm_jobs([(M, K, N)], W, d, cached=cached)])
     for dtype in (torch.bfloat16, torch.float16):
         op = tilescale.ops.AGGemm(M, N, K, dtype)
         rows = M // W
@@ -53,20 +54,23 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
                 raise AssertionError(f"[rank {rank}] ag_gemm {dtype} epoch {epoch}: relative max error {err:.3g}")
         c2 = tilescale.ops.ag_gemm(a, b)
         torch.cuda.synchronize()
-        testing.check_close("tilescale.ops.ag_gemm vs AGGemm", c2, c, rank)
+        # the function's cached op is built for a bound of rows of its own, whose tuned config may sum K in another
+        # order: equal to AGGemm's result up to bf16 / fp16 rounding, not bit for bit
+        testing.check_close("tilescale.ops.ag_gemm vs AGGemm", c2, c, rank, atol=1e-2 * ref.abs().max().item(),
+                            rtol=1e-2)
     print(f"[rank {rank}] OK: ag_gemm M={M} N={N} K={K} over {W} ranks matches torch (bf16, fp16)", flush=True)
 
 
 def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 1024) -> None:
-    tilescale.build_all([(ag_gemm_kernel, (M, N, K, world_size, 4), {"own": own})   # the own rows' GEMM, the others'
+    tilescale.build_all([(ag_gemm_kernel, (N, K, world_size, 4), {"own": own})   # the own rows' GEMM, the others'
                          for own in ((True, False) if world_size > 1 else (True,))])
 
 
 def test_ag_gemm_compiles_for_sm90():
     """Both GEMMs: the others' rows wait for their chunk; the own rows wait for nothing."""
-    r = ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16")
+    r = ag_gemm_kernel.build(512, 512, 4, 2, "float16")
     assert r.spec.distributed and "tilescale::wait_until" in r.source and "wgmma" in r.source
-    own = ag_gemm_kernel.build(1024, 512, 512, 4, 2, "float16", own=True)
+    own = ag_gemm_kernel.build(512, 512, 4, 2, "float16", own=True)
     assert "tilescale::wait_until" not in own.source and "wgmma" in own.source
 
 

@@ -45,7 +45,9 @@ def run(info, M: int, N: int, K: int, iters: int = 3) -> None:
     kl = K // W
     paths = ("push", "pull") if default_path(W) == "push" else ("pull",)
     prebuild.on_local_rank0([job for d in ("bfloat16", "float16") for p in paths
-                             for job in kernels(M, N, kl, W, d, path=p)])
+                             for job in kernels(M, N, kl, W, d, path=p)]
+                            + [job for d in ("bfloat16", "float16")                  # tilescale.ops.gemm_rs's
+                               for job in prebuild.gemm_rs_jobs([(M, K, N)], W, d, cached=True)])
     rows = slice(rank * (M // W), (rank + 1) * (M // W))
     for dtype, path in ((d, p) for d in (torch.bfloat16, torch.float16) for p in paths):
         op = tilescale.ops.GemmRS(M, N, kl, dtype, path=path)
@@ -84,7 +86,7 @@ def build(world_size: int, M: int = 2048, N: int = 1024, K: int = 2048) -> None:
 
 
 def test_gemm_rs_compiles_for_sm90():
-    r = gemm_rs_reduce_kernel.build(1024, 512, 4, 512, 8, "float16")
+    r = gemm_rs_reduce_kernel.build(512, 4, 512, 8, "float16")
     assert r.spec.distributed and "tilescale::wait_until_pe" in r.source and "tilescale::peer_ptr" in r.source
 
 
@@ -99,16 +101,19 @@ def test_gemm_rs_push_kernel_compiles_for_sm90():
     from tilescale.ops.direct_launch import argtypes_for, call_signature
     from tilescale.ops.gemm_reduce_scatter import PUSH_PARAMS
 
-    r = gemm_rs_push_kernel.build(1024, 512, 256, 4, "float16", sms=8)
+    r = gemm_rs_push_kernel.build(512, 256, 4, "float16", sms=8)
     assert r.spec.distributed and "tilescale::peer_ptr" not in r.source
     host = Path(r.library).with_suffix(".cu").read_text()       # GemmRS launches it through its C entry point
-    assert argtypes_for(call_signature(host), PUSH_PARAMS) == [ctypes.c_void_p] * (len(PUSH_PARAMS) + 1), host
-    assert r.source.count("tilescale::release_stores<2, unsigned long long, 0>((uint64_t)1, (&(Ap[") == 1
+    assert argtypes_for(call_signature(host), PUSH_PARAMS) == [ctypes.c_void_p] * 9 + [ctypes.c_int] * 3 + [
+        ctypes.c_void_p], host                                  # 9 buffers, the rows and sizes, the stream
+    assert r.source.count("tilescale::release_stores<2, unsigned long long, 0>((e[0] - pushed[") == 1
+    assert "(&(Ap[" in r.source
     assert r.source.count("tilescale::wait_until<") == 1 and r.source.count("tilescale::load_rows_async(") == 1
     assert r.source.count("tilescale::store_rows_async(") == 1 and "tl::tma_store(" not in r.source
     assert re.search(r"tilescale::store_tile\(\(&\(\(\(half_t\*\)Rs\)\[0\]\)\), \(&\(Rp\[.*, 32, 96\);", r.source)
-    assert re.search(r"store_rows_async\(\(&\(\(\(half_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, 128, 512, 528, 1024, 1\);",
-                     r.source), "my rows: 128 rows of 512 bytes into C, written before the block ends"
+    assert re.search(r"store_rows_async\(\(&\(\(\(half_t\*\)Rs\)\[0\]\)\), \(&\(C\[.*, "
+                     r"min\(128, \(m - at\[2\]\)\), 512, 528, 1024, 1\);", r.source), \
+        "my rows: up to 128 of 512 bytes into C (rows of 1024), written before the block ends"
 
 
 if pytest is not None:

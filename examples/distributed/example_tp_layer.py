@@ -461,12 +461,11 @@ def graph_section(rank: int, W: int, rows: int, H: int, Fd: int, device, replays
 
 # ------------------------------------------------------------------------------------------------ run
 def fused_jobs(W: int, rows: int, H: int, Fd: int) -> list:
-    """(jit kernel, args) of the fused kernels the block runs (rows padded to whole 128-row tiles)."""
+    """(jit kernel, args) of the fused kernels the block runs (the cached ops' of `rows` rows per rank)."""
     from tilescale.ops import prebuild
-    from tilescale.ops.gemm import padded_rows
 
-    M = W * padded_rows(rows)
-    return prebuild.unique(prebuild.ag_gemm_jobs([(M, H, Fd // W)], W) + prebuild.gemm_rs_jobs([(M, Fd, H)], W))
+    return prebuild.unique(prebuild.ag_gemm_jobs([(W * rows, H, Fd // W)], W, cached=True)
+                           + prebuild.gemm_rs_jobs([(W * rows, Fd, H)], W, cached=True))
 
 
 def run(info, rows: int, H: int, Fd: int, compile_backend: str, graph_replays: int) -> None:
@@ -531,7 +530,7 @@ def test_tp_layer_kernels_compile_for_sm90():
 
     jobs = fused_jobs(2, 200, 512, 1024)
     assert [fn for fn, _ in jobs] == [ag_gemm_kernel, ag_gemm_kernel, gemm_rs_push_kernel]   # one node: push
-    assert all(args[0] == 2 * 256 for _, args in jobs)       # M: 200 rows per rank padded to 256
+    assert [args[12] for _, args in jobs[:2]] == [True, False]   # the GEMMs take the rows at run time: no M
     for fn, args in jobs:
         r = fn.build(*args)
         assert r.spec.distributed and "wgmma" in r.source

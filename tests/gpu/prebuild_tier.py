@@ -39,8 +39,10 @@ def jit_jobs(world_size: int) -> list:
     for dt in ("bfloat16", "float16"):                                   # example_allgather: 512 x 384 rows
         for bpp in sorted({default_blocks_per_peer(512 * 384 * 2, world_size), 2, 8}):
             jobs.append((allgather_kernel, (world_size, bpp, dt)))
-        jobs += prebuild.ag_gemm_jobs([(1024 * world_size, 2048, 1024)], world_size, dt)   # (M, K, N) of its test
-        jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt)
+        for cached in (False, True):                                     # (M, K, N) of its test: op and function
+            jobs += prebuild.ag_gemm_jobs([(1024 * world_size, 2048, 1024)], world_size, dt, cached=cached)
+        for cached in (False, True):
+            jobs += prebuild.gemm_rs_jobs([(512 * world_size, 2048, 1024)], world_size, dt, cached=cached)
     # tests/gpu/graphs_main.py's replay_host_work: AllGather of 1 MiB per rank, fp32
     jobs.append((allgather_kernel, (world_size, default_blocks_per_peer(1 << 20, world_size), "float32")))
     fg = importlib.import_module("fused_graphs_main")                   # tests/test_graphs_gpu.py's fused test
@@ -49,6 +51,7 @@ def jit_jobs(world_size: int) -> list:
     jobs += importlib.import_module("example_tp_mlp").collective_jobs(world_size, 256, 1024)
     jobs += importlib.import_module("example_tp_layer").fused_jobs(world_size, 200, 512, 1024)
     jobs += importlib.import_module("gemm_configs_main").jobs(world_size)
+    jobs += importlib.import_module("rows_main").jobs(world_size)
     soak = importlib.import_module("soak_collectives")                  # tests/test_soak.py's arguments
     jobs += soak.jobs(world_size, sms(), soak.parser().parse_args(["--iters", "600", "--random-calls", "60"]))
     bad = importlib.import_module("bad_input_main")                       # its kernels of its own

@@ -21,7 +21,8 @@ the call's start (after the work enqueued before it).
 3. main stream, after 1: wait for ``copied``: the copy is a copy kernel (a copy within one GPU takes SMs), which
    peers wait for, so it must not be left behind the second GEMM's waiting tiles;
 4. copy stream j (one per peer src = rank + 1 + j), from ``start`` and, for j > 0, once stream j - 1 has pulled
-   (its event ``pulled``): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's shard a pull from
+   (its event ``pulled``): wait until ``ready[src] >= 1``, set it to 0; for each chunk of src's shard
+   (``AGGemm.chunk_rows`` of the call's rows; a chunk past them pulls nothing) a pull from
    src's ``A_full`` (a copy-engine copy from its peer view, or an on-stream NVSHMEM get from another node), then
    a stream write ``arrived[src, chunk] = 1`` (ordered after the pull); record ``pulled``; last, ``freed[me] = 1``
    on src. A pull that needs an SM must end before step 5 (:func:`pulls_needing_sms`; step 3 also waits for its
@@ -72,10 +73,9 @@ class PullProtocol:
         (3); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node: the address of its
         A_full; else None), `events` (start, copied), `joins`, `pulled`, `arrived`: raw addresses and handles. A copy
         stream's pulls carry the marks of a profiled call's records: ``copies_begin`` before its wait for ``ready``,
-        ``copy_done`` after each chunk's ``arrived``."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
+        ``copy_done`` after each chunk's ``arrived`` (its bytes are the call's: the profiled call adds them)."""
+        W, r, rows, slots = self.world_size, self.rank, self.rows, self.slots
         peers = [(r + j) % W for j in range(1, W)]
-        step = rows // chunks
         local = W          # the local stream's index
         ops = []
 
@@ -112,14 +112,14 @@ class PullProtocol:
                 mark("copies_begin", s, src)
                 add(so.WAIT_GEQ, self._ready_here[src], 1, stream=s, label=so.wait_label("AGGemm", "ready", src))
                 add(so.WRITE, self._ready_here[src], 0, stream=s)
-                for ch in range(chunks):
-                    off = (src * rows + ch * step) * row_bytes
+                for ch, (lo, n) in enumerate(self.chunk_rows(rows)):   # (sizes set per call: _size_pulls)
+                    off = (src * rows + lo) * row_bytes
                     if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
-                        add(so.COPY, a_full + off, peer_at[src] + off, step * row_bytes, stream=s)
+                        add(so.COPY, a_full + off, peer_at[src] + off, n * row_bytes, stream=s)
                     else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
-                        add(so.GET, a_full + off, a_full + off, step * row_bytes, stream=s, pe=src)
-                    add(so.WRITE, self._arrived_at[src * chunks + ch], 1, stream=s)
-                    mark("copy_done", s, src, ch, step * row_bytes)
+                        add(so.GET, a_full + off, a_full + off, n * row_bytes, stream=s, pe=src)
+                    add(so.WRITE, self._arrived_at[src * slots + ch], 1, stream=s)
+                    mark("copy_done", s, src, ch)
                 if j < W - 2:
                     add(so.EVENT_RECORD, pulled[j], stream=s)
                 signal("freed", src, s)
@@ -159,3 +159,22 @@ class PullProtocol:
         self._copy_at = head
         self._a_local_op = self._first.array[head]     # a view into the program: its source is set per call
         self._programs = (self._first, self._local_head, self._local_tail, self._pre, self._post)
+        # the pulls of both programs that issue them, found by the flag each sets next: (op, src, chunk), their
+        # addresses and sizes set per call for its rows (_size_pulls)
+        flag = {a: (i // slots, i % slots) for i, a in enumerate(self._arrived_at)}
+        self._pull_ops = [(prog.array[i - 1], *flag[op.a]) for prog in (self._first, self._local_tail)
+                          for i, op in enumerate(prog.array) if op.kind == so.WRITE and op.a in flag]
+        self._pull_at = [a_full if p is None else p for p in peer_at]
+        self._a_full_at, self._row_bytes = a_full, row_bytes
+
+    def _size_pulls(self, m: int, chunks: list) -> None:
+        """The programs' copies for a call of `m` rows per rank in `chunks` ((first row, rows) each:
+        ``AGGemm.chunk_rows``): the size of my shard's copy into my slot (step 2), the addresses and size of each
+        pull (step 4; rank q's slot: rows ``q * rows ..`` of A_full, its first m rows used). A chunk past the call's
+        rows pulls nothing and sets its flag all the same."""
+        rb, rows = self._row_bytes, self.rows
+        self._a_local_op.n = m * rb
+        for op, src, ch in self._pull_ops:
+            lo, n = chunks[ch]
+            off = (src * rows + lo) * rb
+            op.a, op.b, op.n = self._a_full_at + off, self._pull_at[src] + off, n * rb

@@ -8,8 +8,9 @@ call). Each is set to 1 by its one writer and reset by its one reader.
 1. main stream: an event ``start`` (after the work enqueued before the call);
 2. the copy stream, from ``start``, for dst = rank-1, rank-2, ... (dst reads my rows first when I am its rank+1):
    wait until ``freed[dst] >= 1``, set it to 0;
-3. for each chunk of my rows: a copy-engine copy from `a_local` into dst's ``A_full`` through its mapping, then a
-   stream write ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
+3. for each chunk of my rows (``AGGemm.chunk_rows`` of the call's rows): a copy-engine copy from `a_local` into
+   dst's ``A_full`` through its mapping (none for a chunk past the call's rows), then a stream write
+   ``arrived[me, chunk] = 1`` on dst (ordered after the copy); last, an event ``pushed``;
 4. main stream: the GEMM of my own rows from `a_local`;
 5. main stream: the GEMM of the other ranks' rows from ``A_full``; a tile first waits until
    ``arrived[src, chunk] >= 1`` (acquire, system scope);
@@ -35,26 +36,23 @@ class PushProtocol:
 
     def _plan_push(self) -> None:
         """The push protocol's programs (module docstring): ``_first`` (the call's start, then steps 2-3 on
-        the copy stream; the source of each copy, ``_push_at[i]``, set per call to the call's rows) and
-        ``_post`` (step 6)."""
-        W, r, rows, chunks = self.world_size, self.rank, self.rows, self.chunks
-        step_bytes = rows // chunks * self.K * self.a_full.element_size()
-        row_bytes = self.K * self.a_full.element_size()
+        the copy stream; each copy ``_push_ops[i]`` (op, dst, chunk): its destination and size set for the call's
+        rows by :meth:`_size_pushes`, its source per call) and ``_post`` (step 6)."""
+        W, r = self.world_size, self.rank
+        self._row_bytes = self.K * self.a_full.element_size()
         first = so.Program([s.cuda_stream for s in self.streams])
         first.add(so.EVENT_RECORD, self._start.cuda_event)                                   # 1
         first.add(so.EVENT_WAIT, self._start.cuda_event, stream=1)
-        pushes = []               # (op index, byte offset in the call's rows)
+        copies = []               # (op index, dst, chunk)
         for j in range(1, W):                                                                # 2, 3
             dst = (r - j) % W     # rank-1 first: it reads my rows first (its rank+1)
             first.add(so.WAIT_GEQ, self._freed_here[dst], 1, stream=1, label=so.wait_label("AGGemm", "freed", dst))
             first.add(so.WRITE, self._freed_here[dst], 0, stream=1)
             first.mark("copies_begin", 1, dst, "to")       # (a profiled call's records: Program.mark)
-            at = self._peers[dst].data_ptr() + r * rows * row_bytes
-            for ch in range(chunks):
-                i = first.add(so.COPY, at + ch * step_bytes, 0, step_bytes, stream=1)
-                pushes.append((i, ch * step_bytes))
+            for ch in range(self.slots):
+                copies.append((first.add(so.COPY, 0, 0, 0, stream=1), dst, ch))
                 first.add(so.WRITE, self._arrived_on[dst] + 8 * ch, 1, stream=1)
-                first.mark("copy_done", 1, dst, ch, step_bytes)
+                first.mark("copy_done", 1, dst, ch)       # (its bytes are the call's: the profiled call adds them)
         first.add(so.EVENT_RECORD, self._joins[0].cuda_event, stream=1)
         post = so.Program([s.cuda_stream for s in self.streams])
         post.add(so.EVENT_WAIT, self._joins[0].cuda_event)                                   # 6
@@ -63,8 +61,20 @@ class PushProtocol:
             if q != r:
                 post.add(so.WRITE, self._flag_at["freed"][q], 1)
         self._first, self._post = first.seal(), post.seal()
-        self._push_at = [(first.array[i], off) for i, off in pushes]   # views into the program, set per call
+        self._push_ops = [(self._first.array[i], dst, ch) for i, dst, ch in copies]   # views into the program
         self._programs = (self._first, self._post)
+        self._size_pushes(self.chunk_rows(self.rows))
+
+    def _size_pushes(self, chunks: list) -> None:
+        """The programs' copies for a call whose rows are in `chunks` ((first row, rows) each:
+        ``AGGemm.chunk_rows``): the destination and size of each push (my slot of dst's A_full: rows
+        ``rank * rows ..``), and its offset in the call's rows (``_push_from``; the source is set per call). A chunk
+        past the call's rows copies nothing and sets its flag all the same."""
+        rb, r, rows = self._row_bytes, self.rank, self.rows
+        for op, dst, ch in self._push_ops:
+            lo, n = chunks[ch]
+            op.a, op.n = self._peers[dst].data_ptr() + (r * rows + lo) * rb, n * rb
+        self._push_from = [chunks[ch][0] * rb for _, _, ch in self._push_ops]
 
     def _push_source(self, a_local):
         """The rows a push call sends and its first GEMM reads: `a_local` itself when the copy engines and TMA can
@@ -77,16 +87,16 @@ class PushProtocol:
         self._last_a, self._slot_stale = None, False
         return self._slot
 
-    def _call_push(self, via, a_local, b, out, m):
+    def _call_push(self, via, a_local, b, out, stream):
         """A call of the push protocol (module docstring): its programs and the two GEMMs, launched and issued by
         `via` (the op itself, or a profiled call's stand-ins: AGGemm.__call__)."""
         a = self._push_source(a_local)
         base = a.data_ptr()
-        for op, off in self._push_at:
+        for (op, _, _), off in zip(self._push_ops, self._push_from, strict=True):
             op.b = base + off
         fn = via._stream_ops
-        self._first.run(fn, m, "AGGemm")                                                       # 1-3
-        via._gemm_own(a, b, out, m)                                                            # 4
-        via._gemm_peers(b, out, m)                                                             # 5
-        self._post.run(fn, m, "AGGemm")                                                        # 6
+        self._first.run(fn, stream, "AGGemm")                                                  # 1-3
+        via._gemm_own(a, b, out, stream)                                                       # 4
+        via._gemm_peers(b, out, stream)                                                        # 5
+        self._post.run(fn, stream, "AGGemm")                                                   # 6
         return out

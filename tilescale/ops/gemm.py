@@ -90,29 +90,50 @@ def tile_buffers(block_m: int, block_n: int, block_k: int, dtype: str, swizzle: 
     return As, Bs, Cl, Cs
 
 
+# NOTE [registers]: a kernel whose grid is sized at run time (a call's rows) computes each block's tile, rank and
+# slice once into 32-bit registers (a local buffer), read through names bound before the pipelined loop. As
+# expressions of the run-time sizes they are computed at every use: in each TMA load of the producer's loop (nvcc
+# does not hoist a division by a run-time value) and, in 64 bits, at each element of a split tile's fix-up (AG+GEMM:
+# 10,000 instructions, not 1,700, spills, 1.25-1.8x the static kernel's time on 2 H200s). The epilogue must read
+# each name the producer reads: else tilelang gives the producer an uninitialised copy of the buffer.
 @T.macro
-def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None):
+def main_loop(A, B, As, Bs, Cl, rb, bx, stages: int, k_first=0, k_count=None, a_src=None):
     """``Cl = A[rb, :] @ B[:, bx]`` in the accumulator, for tiles of (block_m, block_n) given by the buffers of
     :func:`tile_buffers`: TMA loads of A and B tiles in a `stages`-deep pipeline over K, wgmma. `k_first`,
-    `k_count` (K tiles of block_k; None: all): one slice of K instead (:func:`split_tile_loop`)."""
+    `k_count` (K tiles of block_k; None: all): one slice of K instead (:func:`split_tile_loop`). `a_src`: A is
+    3-D (ranks, rows, K), the tile's rows those of rank `a_src` (rows past a rank's end: TMA loads zeros)."""
     block_m, block_k = As.shape
     block_n = Bs.shape[1]
     T.clear(Cl)
-    for ko in T.Pipelined(T.ceildiv(A.shape[1], block_k) if k_count is None else k_count, num_stages=stages):
-        T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
+    for ko in T.Pipelined(T.ceildiv(A.shape[-1], block_k) if k_count is None else k_count, num_stages=stages):
+        if a_src is None:
+            T.copy(A[rb * block_m, (k_first + ko) * block_k], As)
+        else:
+            T.copy(A[a_src, rb * block_m, (k_first + ko) * block_k], As)
         T.copy(B[(k_first + ko) * block_k, bx * block_n], Bs)
         T.gemm(As, Bs, Cl)
 
 
 @T.macro
-def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None):
-    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
-    :func:`tile_buffers` (`c_rb` None: `rb`): :func:`main_loop`, then the tile through shared memory to C (a TMA
-    store; plain vector stores by every thread with `disable_tma`)."""
+def store_tile(Cs, C, rb, bx, disable_tma: bool = False, c_src=None):
+    """The C tile in shared memory into ``C[rb, bx]`` (tiles of Cs's shape): one TMA store (plain vector stores by
+    every thread with `disable_tma`). `c_src`: C is 3-D (ranks, rows, N), the tile in rank `c_src`'s rows (rows past
+    its end are not written: TMA clips at the view's bounds)."""
     block_m, block_n = Cs.shape
-    main_loop(A, B, As, Bs, Cl, rb, bx, stages)
+    if c_src is None:
+        T.copy(Cs, C[rb * block_m, bx * block_n], disable_tma=disable_tma)
+    else:
+        T.copy(Cs, C[c_src, rb * block_m, bx * block_n], disable_tma=disable_tma)
+
+
+@T.macro
+def tile_loop(A, B, C, As, Bs, Cl, Cs, rb, bx, stages: int, disable_tma: bool, c_rb=None, a_src=None, c_src=None):
+    """``C[c_rb, bx] = A[rb, :] @ B[:, bx]`` in tiles of (block_m, block_n) given by the buffers of
+    :func:`tile_buffers` (`c_rb` None: `rb`): :func:`main_loop`, then the tile through shared memory to C
+    (:func:`store_tile`). `a_src`, `c_src`: the rank of A's, C's rows when they are 3-D (ranks, rows, columns)."""
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages, a_src=a_src)
     T.copy(Cl, Cs)
-    T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n], disable_tma=disable_tma)
+    store_tile(Cs, C, rb if c_rb is None else c_rb, bx, disable_tma, c_src)
 
 
 # ---------------------------------------------------------------- the last wave's tiles split along K
@@ -173,7 +194,7 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
     `swizzle` rows of tiles (the last panel: the rows left), column by column inside a panel, odd panels from the
     last column back (tilelang's ``T.use_swizzle``, row rasterisation); `swizzle` 0: row by row. For 1-D grids
     (persistent and split kernels), which launch tiles in the same order as the plain 2-D grid."""
-    if swizzle <= 0:
+    if isinstance(swizzle, int) and swizzle <= 0:
         return t // tiles_n, t % tiles_n
     group = swizzle * tiles_n
     panel = t // group
@@ -183,72 +204,94 @@ def tile_order(t, tiles_m: int, tiles_n: int, swizzle: int):
     return panel * swizzle + r % rows, T.if_then_else(panel % 2 == 1, tiles_n - 1 - col, col)
 
 
-def even_panel(rows: int, swizzle: int) -> int:
+def even_panel(rows, swizzle: int):
     """The largest panel height <= `swizzle` that divides `rows` rows of tiles into equal panels (0: 0), for
     :func:`tile_order` over few rows: 16 rows in panels of 10 and 6 ran GEMM+RS's persistent kernel at half speed,
-    in panels of 8 at full."""
-    return max(p for p in range(1, swizzle + 1) if rows % p == 0) if swizzle > 0 else 0
+    in panels of 8 at full. `rows` an int, or an expression (then so is the panel)."""
+    if swizzle <= 0:
+        return 0
+    if isinstance(rows, int):
+        return max(p for p in range(1, swizzle + 1) if rows % p == 0)
+    panel = 1
+    for p in range(2, swizzle + 1):
+        panel = T.if_then_else(rows % p == 0, p, panel)
+    return panel
 
 
-def split_block(b, plan: SplitPlan, k_tiles: int):
-    """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions)."""
-    tail = b >= plan.full
-    s = T.if_then_else(tail, (b - plan.full) % plan.split, 0)
-    t = T.if_then_else(tail, plan.full + (b - plan.full) // plan.split, b)
-    k0 = s * k_tiles // plan.split
-    return t, s, T.if_then_else(tail, k0, 0), T.if_then_else(tail, (s + 1) * k_tiles // plan.split - k0, k_tiles)
+def split_block(b, plan: SplitPlan, k_tiles: int, full=None, slices=None):
+    """(tile, slice, first K tile, K tiles) of block `b` of a :class:`SplitPlan`'s grid (expressions); `full`,
+    `slices` (None: ``plan.full``, ``plan.split``): its whole tiles, a tail tile's slices (expressions or ints)."""
+    full = plan.full if full is None else full
+    slices = plan.split if slices is None else slices
+    tail = b >= full
+    s = T.if_then_else(tail, (b - full) % slices, 0)
+    t = T.if_then_else(tail, full + (b - full) // slices, b)
+    k0 = s * k_tiles // slices
+    return t, s, T.if_then_else(tail, k0, 0), T.if_then_else(tail, (s + 1) * k_tiles // slices - k0, k_tiles)
+
+
+def split_sizes(plans) -> tuple:
+    """(work tiles, words) of a workspace for every split grid of `plans`: ``tail x (split - 1)``, tail (>= 1)."""
+    return max([p.tail * (p.split - 1) for p in plans] + [1]), max([p.tail for p in plans if p.split > 1] + [1])
 
 
 def split_buffers(plan: SplitPlan, block_m: int, block_n: int):
-    """The kernel parameters of a split grid's fix-up: `work` (fp32 partial sums: ``tail x (split - 1)`` tiles
-    of (block_m, block_n), rows after rows) and `arrived`, `fixed` (uint64, one word per tail tile: the slices'
-    counts, and how many calls' tails were fixed up; both zero before the first call, then kept by the kernel).
-    tilescale.ops.gemm.split_workspace makes them."""
-    tail = max(plan.tail, 1)
-    return (T.Tensor((tail * max(plan.split - 1, 1) * block_m, block_n), "float32"),
-            T.Tensor((tail,), "uint64"), T.Tensor((tail,), "uint64"))
+    """A split grid's fix-up parameters (:func:`split_workspace`): `work` (fp32 partial sums, ``tail x (split - 1)``
+    tiles), `arrived`, `fixed` (a word per tail tile: the slices' counts, the part of them fix-ups took; zeroed)."""
+    tiles, words = split_sizes([plan])
+    return T.Tensor((tiles, block_m, block_n), "float32"), T.Tensor((words,), "uint64"), T.Tensor((words,), "uint64")
 
 
-def split_workspace(plan: SplitPlan, block_m: int, block_n: int, device=None) -> tuple:
-    """torch tensors for :func:`split_buffers`' parameters (arrived and fixed zeroed)."""
+def split_workspace(sizes, block_m: int, block_n: int, device=None) -> tuple:
+    """torch tensors for :func:`split_buffers`' parameters (counts zeroed), of a plan or (tiles, words) sizes."""
     import torch
 
-    tail = max(plan.tail, 1)
-    return (torch.empty(tail * max(plan.split - 1, 1) * block_m, block_n, dtype=torch.float32, device=device),
-            torch.zeros(tail, dtype=torch.uint64, device=device), torch.zeros(tail, dtype=torch.uint64, device=device))
+    tiles, words = split_sizes([sizes]) if isinstance(sizes, SplitPlan) else sizes
+    counts = [torch.zeros(words, dtype=torch.uint64, device=device) for _ in range(2)]
+    return (torch.empty(tiles, block_m, block_n, dtype=torch.float32, device=device), *counts)
 
 
 @T.macro
 def split_tile_loop(A, B, C, As, Bs, Cl, Cs, work, arrived, fixed, rb, bx, t, s, k0, kn, plan: SplitPlan,
-                    stages: int, warps: int, c_rb=None):
+                    stages: int, warps: int, c_rb=None, full=None, a_src=None, c_src=None, slices=None):
     """:func:`tile_loop` for block (tile `t`, slice `s`, K tiles ``k0 .. k0 + kn``) of a :class:`SplitPlan`'s grid.
-    A whole tile (t < full): as tile_loop. A tail tile's slices, its signal protocol:
+    A whole tile (t < full): as tile_loop. A tail tile (index i = t - full) in `slices` slices, its signal protocol:
 
-    1. slice s < split - 1: its partial sum (fp32, from the registers) into its rows of `work`; each consumer
-       warp then adds 1 to ``arrived[tail tile]``, a release at GPU scope (``T.release_stores``);
-    2. the last slice: waits until ``arrived >= (fixed + 1) x (split - 1) x warps`` (every call adds that much),
-       adds the other slices' partial sums to its own in slice order, stores the tile as tile_loop does;
-    3. thread 0 of the last slice then sets ``fixed += 1``, after the tile's store has been issued, when every
-       consumer thread of the block has passed step 2's wait (the store follows a barrier of all of them).
+    1. slice s < slices - 1: its partial sum (fp32, from the registers) into tile ``i x (slices - 1) + s`` of
+       `work`; each consumer warp then adds 1 to ``arrived[i]``, a release at GPU scope (``T.release_stores``);
+    2. the last slice: waits until ``arrived[i] >= fixed[i] + (slices - 1) x warps`` (this call's counts on top of
+       the calls' before), adds the other slices' partial sums to its own in slice order, stores as tile_loop does;
+    3. thread 0 of the last slice then adds ``(slices - 1) x warps`` to ``fixed[i]``, after the tile's store has
+       been issued, when every consumer thread has passed step 2's wait (the store follows a barrier of them all).
 
-    torch: ``C[tile] = sum(A[rows, k_slice] @ B[k_slice, cols] for k_slice in slices)`` (fp32, slice order)."""
+    torch: ``C[tile] = sum(A[rows, k_slice] @ B[k_slice, cols] for k_slice in slices)`` (fp32, slice order).
+
+    `full`, `slices` (None: ``plan.full``, ``plan.split``): expressions when the grid is planned per call. A tail tile's
+    counts grow in the calls that split it, by their own slices. `a_src`, `c_src`: as :func:`tile_loop`'s."""
     block_m, block_n = Cs.shape
-    main_loop(A, B, As, Bs, Cl, rb, bx, stages, k0, kn)
-    i = t - plan.full
-    if t >= plan.full and s < plan.split - 1:
-        T.copy(Cl, work[(i * (plan.split - 1) + s) * block_m, 0])
+    k_tiles = T.ceildiv(A.shape[-1], As.shape[1])
+    main_loop(A, B, As, Bs, Cl, rb, bx, stages, k0, kn, a_src)
+    first_tail = plan.full if full is None else full
+    slices = plan.split if slices is None else slices
+    per_call = T.cast((slices - 1) * warps, "uint64")
+    # indices clamped to the workspace (no-ops where used: bounds proven, no check per element); a block's part told
+    # by its K tiles (whole: all of K; a slice but the last: ends before K's end), as the producer reads them
+    i = T.min(T.max(t - first_tail, 0), arrived.shape[0] - 1)
+    if k0 + kn < k_tiles:
+        T.copy(Cl, work[T.min(T.max(i * (slices - 1) + s, 0), work.shape[0] - 1), 0, 0])
         T.release_stores(arrived[i], 1, scope="gpu")
     else:
-        if t >= plan.full:
-            T.wait_until(arrived[i], cmp="ge", value=(fixed[i] + 1) * ((plan.split - 1) * warps))
-            for j in T.serial(plan.split - 1):
+        if kn < k_tiles:
+            T.wait_until(arrived[i], cmp="ge", value=fixed[i] + per_call)
+            for j in T.serial(slices - 1):
+                w = T.min(T.max(i * (slices - 1) + j, 0), work.shape[0] - 1)
                 for y, x in T.Parallel(block_m, block_n):
-                    Cl[y, x] += work[(i * (plan.split - 1) + j) * block_m + y, x]
+                    Cl[y, x] += work[w, y, x]
         T.copy(Cl, Cs)
-        T.copy(Cs, C[(rb if c_rb is None else c_rb) * block_m, bx * block_n])
-        if t >= plan.full:
+        store_tile(Cs, C, rb if c_rb is None else c_rb, bx, False, c_src)
+        if kn < k_tiles:
             if T.get_thread_binding() == 0:
-                fixed[i] = fixed[i] + 1
+                fixed[i] = fixed[i] + per_call
 
 
 def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
@@ -264,12 +307,11 @@ def check_problem(op: str, M, N, K, dtype, config, k_name: str) -> None:
                     type_error=True)
 
 
-ROW_TILE = 128   # rows per rank of the fused ops are padded to a multiple of this (the GEMM's block_m)
+ROW_TILE = 128   # the least bound of rows per rank of the cached fused ops (the GEMM's block_m)
 
 
 def padded_rows(rows: int) -> int:
-    """The rows per rank that ``tilescale.ops.ag_gemm`` and ``gemm_rs`` run: `rows` rounded up to a multiple
-    of :data:`ROW_TILE` (the tuned configs of a padded problem all fit it)."""
+    """`rows` rounded up to a multiple of :data:`ROW_TILE` (the rows per rank a bound's config is chosen for)."""
     return -(-rows // ROW_TILE) * ROW_TILE
 
 
@@ -394,7 +436,16 @@ def gemm_config(M: int, N: int, K: int, *, world_size: int = 1, op: str | None =
 
 def problem_config(M: int, N: int, K: int, *, world_size: int, op: str, config: GemmConfig | None = None) -> GemmConfig:
     """The configuration `op` runs this problem with: `config`, or else the tuned one (:func:`gemm_config`);
-    a ValueError naming M or config when it cannot run it."""
+    a ValueError naming M or config when it cannot run it. The fused ops' kernels take the rows per rank at run
+    time: M is the bound of their rows, any multiple of the world size, the config chosen (and checked) for the
+    rows per rank rounded up to a whole tile."""
+    if op in OPS:        # (the fused ops' kernels take the rows at run time)
+        if M % world_size:
+            raise ValueError(f"M: got {M}, expected a multiple of world_size = {world_size} (the bound of rows per "
+                             "rank times the ranks)")
+        rows = M // world_size
+        config = config or gemm_config(world_size * padded_rows(rows), N, K, world_size=world_size, op=op)
+        M = world_size * max(1, -(-rows // config.block_m)) * config.block_m
     cfg = config or gemm_config(M, N, K, world_size=world_size, op=op)
     if M % (world_size * cfg.block_m):
         raise ValueError(f"M: got {M}, expected a multiple of world_size x block_m = {world_size} x {cfg.block_m}")

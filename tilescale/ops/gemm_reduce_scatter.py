@@ -16,10 +16,13 @@ last. Two ways to sum them (chosen per job, the same on every rank: :func:`defau
   GEMM counts finished tiles per row block and a reduction kernel on a side stream pulls and sums each complete
   row block of every rank while the GEMM goes on (:mod:`.gemm_rs_pull`: the two kernels and the protocol, steps
   1-3).
+
+The rows per rank are a run-time argument of the kernels, up to the op's bound fixed at construction (its buffers
+are sized for it): one build serves every row count, and the ops of one config share their kernels.
 """
 from . import checks, op_cache, vectors
 from .base import Op, _capturing
-from .gemm import GemmConfig, check_problem, padded_rows, problem_config
+from .gemm import GemmConfig, check_problem, problem_config
 from .gemm_rs_path import MAX_PUSH_RANKS, PATHS, check_sizes, default_path, push_takes  # noqa: F401  (re-exported)
 from .gemm_rs_pull import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
 from .gemm_rs_push import PUSH_PARAMS, gemm_rs_push_kernel, gemm_rs_push_loopback_kernel, push_shapes  # noqa: F401
@@ -29,14 +32,15 @@ __all__ = ["GemmRS", "gemm_rs"]
 
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
             config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
-    """[(jit function, args)] of the kernels :class:`GemmRS` compiles for this problem on `path` (None:
-    :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the GPU's SM count (the
-    push kernel's blocks)."""
+    """[(jit function, args)] of the kernels :class:`GemmRS` compiles for problems of up to `M` rows (W x rows per
+    rank) on `path` (None: :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the
+    GPU's SM count (the push kernel's blocks). The rows (and the buffers' sizes) are run-time arguments of each
+    call: M only chooses the config (the tuning table's for M)."""
     push = (path or default_path(world_size, K_local)) == "push"
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape)
     cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
-    gemm_args = (M, N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
+    gemm_args = (N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
     if push:
         return [(gemm_rs_push_kernel, gemm_args + (sms,))]
@@ -45,13 +49,15 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = N // cfg.block_n                          # T.release_stores: one count per tile
     return [(gemm_rs_gemm_kernel, gemm_args),
-            (gemm_rs_reduce_kernel, (M, N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
+            (gemm_rs_reduce_kernel, (N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
 
 
 class GemmRS(Op):
-    """``reduce_scatter(X_local @ W_local)`` for fixed shapes; collective to construct. `path`: "push" or "pull"
-    (module docstring; None: :func:`default_path`, the fastest this job can take); `reduce_blocks`: the SMs of the pull
-    path's reduction."""
+    """``reduce_scatter(X_local @ W_local)`` for fixed N, K and dtype; collective to construct. `M` is the bound of
+    the rows (W x rows per rank): a call takes `x` of W x m rows for any m <= M / W (the same m on every rank) and
+    returns m rows, with the kernels built once (the rows are a kernel argument; the buffers are sized for M).
+    `path`: "push" or "pull" (module docstring; None: :func:`default_path`, the fastest this job can take);
+    `reduce_blocks`: the SMs of the pull path's reduction."""
 
     NAME, KERNEL = "GemmRS", "gemm_rs"
     GRAPH_SAFE = True     # the kernels count calls on the device (module docstring)
@@ -86,51 +92,59 @@ class GemmRS(Op):
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
             jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path,
                            sms if sms is not None else 132)
-            check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][5])
+            check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][4])
         W = self.world_size
         self.path = path
         self.compile_ahead(jobs)                   # its kernels side by side; build() takes them
         (gemm_fn, self.gemm_args) = jobs[0]
-        self.block_m, block_n = self.gemm_args[5], self.gemm_args[6]
+        self.block_m, block_n = self.gemm_args[4], self.gemm_args[5]
         self.M, self.N, self.K, self.dtype = M, N, K_local, dtype
-        tiles = (M // self.block_m) * -(-N // block_n)
+        self.rows = M // W                         # the bound of a call's rows per rank
+        row_blocks = W * -(-self.rows // self.block_m)                  # the bound's row tiles, every rank's
         if path == "push":
             slab, words = push_shapes(M, N, W, self.block_m, block_n)
             self.R = self.symmetric(slab, dtype)                         # the sums in from rank + 1
             self.arrived = self.symmetric(words, torch.uint64, zero=True)  # their counts
-            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)
-            self.gemm_counters = self.call_counters(tiles)
+            self.pushed = torch.zeros(words, dtype=torch.uint64, device=self.device)   # mine to rank - 1: up to
+            self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)   # which call
+            self.gemm_counters = self.call_counters(self.gemm_args[-1])   # a word per block (the SMs)
             prev = (self.rank - 1) % W                                     # Rp, Ap: rank - 1's, where mine go
             self._tail = (self.R, self.arrived, self.gemm_counters, symm.peer_tensor(self.R, prev),
-                          symm.peer_tensor(self.arrived, prev))
+                          symm.peer_tensor(self.arrived, prev), self.pushed)
             self._tail_ptrs = tuple(t.data_ptr() for t in self._tail)
+            self._sizes = (slab[0], words[0])                              # R's rows, arrived's words
             self.launch_path = "direct" if self._direct is not None else "tilelang"
             return
         (reduce_fn, self.reduce_args) = jobs[1]
-        self.P = self.symmetric((2 * M, N), dtype)     # the partials of even calls, then of odd ones
-        self.done = self.symmetric((M // self.block_m,), torch.uint64, zero=True)
+        self.P = self.symmetric((2 * row_blocks * self.block_m, N), dtype)   # the partials of even calls, then odd
+        self.done = self.symmetric((row_blocks,), torch.uint64, zero=True)
         # where a peer's partial rows land before they are summed, for peers on other nodes (an NVSHMEM get's
         # local buffer must be symmetric, i.e. registered, to cross a network)
-        blocks, col_tile = self.reduce_args[4], self.reduce_args[7]
+        blocks, col_tile = self.reduce_args[3], self.reduce_args[6]
         self.staging = self.symmetric((blocks, self.block_m, col_tile), dtype)
         self.stream = torch.cuda.Stream(priority=-1)
         self.gemm, _ = self.build(gemm_fn, self.gemm_args)
         self.reduce, _ = self.build(reduce_fn, self.reduce_args)
+        tiles = row_blocks * -(-N // block_n)
         counters = self.call_counters(tiles + blocks)        # the GEMM's, then the reduction's
         self.gemm_counters, self.reduce_counters = counters[:tiles], counters[tiles:]
         self.launch_path = "tilelang"
 
     def _validate(self, x, w, out) -> None:
-        """The call checks (agreed across ranks): `x` (M, K_local), `w` (K_local, N) and `out` (M / W, N),
-        all of the dtype on this GPU, handed to the kernels as they are: contiguous and 16-byte aligned."""
-        d, dt = self.device, self.dtype
-        checks.check_tensor("GemmRS", "x", x, shape=(self.M, self.K), dtype=dt, device=d, contiguous=True,
+        """The call checks (agreed across ranks): `x` (W x m, K_local), m <= M / W, `w` (K_local, N) and `out`
+        (m, N), all of the dtype on this GPU, handed to the kernels as they are: contiguous and 16-byte aligned."""
+        d, dt, W = self.device, self.dtype, self.world_size
+        rows = x.shape[0] if getattr(x, "dim", lambda: 0)() == 2 else self.M
+        if rows > self.M or rows % W:
+            checks.fail("GemmRS", "x", checks.describe(x), f"W x m rows, m <= M / world_size = {self.M // W} (the "
+                        f"bound of this op, built for M={self.M}: more rows need an op of their own), W = {W}")
+        checks.check_tensor("GemmRS", "x", x, shape=(rows, self.K), dtype=dt, device=d, contiguous=True,
                             aligned=True)
         checks.check_tensor("GemmRS", "w", w, shape=(self.K, self.N), dtype=dt, device=d, contiguous=True,
                             aligned=True)
         if out is not None:
-            checks.check_tensor("GemmRS", "out", out, shape=(self.M // self.world_size, self.N), dtype=dt, device=d,
-                                contiguous=True, aligned=True, what="M / world_size rows")
+            checks.check_tensor("GemmRS", "out", out, shape=(rows // W, self.N), dtype=dt, device=d,
+                                contiguous=True, aligned=True, what="the rows of x / world_size")
 
     def call_key(self, x, w, out):
         return checks.signature(x, True), checks.signature(w, True), checks.signature(out, True)
@@ -139,20 +153,24 @@ class GemmRS(Op):
         import torch
 
         stream = self.begin(x, w, out)
-        c = out if out is not None else torch.empty(self.M // self.world_size, self.N, dtype=self.dtype,
-                                                    device=x.device)
+        W = self.world_size
+        m = x.shape[0] // W                # the call's rows per rank
+        c = out if out is not None else torch.empty(m, self.N, dtype=self.dtype, device=x.device)
+        if m == 0:
+            return c
+        xv = x.view(W, m, self.K) if W > 1 else x     # as the kernels see it: rank q's rows, X[q]
         if self.path == "push":            # one kernel (module docstring, push)
             direct = self._direct
             if direct is None:
-                self.gemm.launch(x, w, c, *self._tail)
-            elif direct[0](x.data_ptr(), w.data_ptr(), c.data_ptr(), *self._tail_ptrs, stream):
+                self.gemm.launch(xv, w, c, *self._tail)
+            elif direct[0](x.data_ptr(), w.data_ptr(), c.data_ptr(), *self._tail_ptrs, m, *self._sizes, stream):
                 raise self.launch_error()
             return c
         main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             self.reduce.launch(self.P, self.done, c, self.staging, self.reduce_counters)
-        self.gemm.launch(x, w, self.P, self.done, self.gemm_counters)
+        self.gemm.launch(x.view(W, m, self.K), w, self.P, self.done, self.gemm_counters)
         main.wait_stream(self.stream)
         if not _capturing():    # (a graph's memory is its own pool: nothing to tell the allocator)
             c.record_stream(self.stream)
@@ -160,8 +178,8 @@ class GemmRS(Op):
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(M, N, K, dtype, world_size):
-    return GemmRS(M, N, K, dtype)
+def _cached(M, N, K, dtype, world_size, config):
+    return GemmRS(M, N, K, dtype, config=config)     # (the ops of one config share their kernels)
 
 
 _fn_check = checks.CallCheck("gemm_rs")
@@ -178,11 +196,13 @@ def _validate_fn(x, w, W=None) -> None:
 
 
 def gemm_rs(x, w):
-    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per shape.
+    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per (N, K, dtype,
+    config).
 
-    Any number of rows divisible by the world size: when the rows per rank are not a multiple of 128, each
-    rank's slice of `x` is padded with zero rows (one copy of `x`; zero rows add nothing) and the padding
-    rows of the result are dropped."""
+    Any number of rows divisible by the world size, run as they are by an op of a bound of rows per rank
+    (tilescale.ops.op_cache.cached_op: the rows rounded up to a power of two, or a larger op cached with the same
+    config); ops of one config share their kernels, so new rows build nothing unless the tuning table picks another
+    config for their bound."""
     from .. import runtime
 
     rt = checks.runtime_or_none()
@@ -190,10 +210,5 @@ def gemm_rs(x, w):
               rt.info.world_size if rt is not None else None)
     W = runtime.current().info.world_size
     (M, K), N = x.shape, w.shape[1]
-    rows = M // W
-    rp = padded_rows(rows)
-    if rp == rows:
-        return _cached(M, N, K, x.dtype, W)(x, w)
-    x_p = x.new_zeros((W, rp, K))
-    x_p[:, :rows].copy_(x.reshape(W, rows, K))
-    return _cached(W * rp, N, K, x.dtype, W)(x_p.view(W * rp, K), w)[:rows]
+    op = "gemm_rs_push" if default_path(W, K) == "push" else "gemm_rs"
+    return op_cache.cached_op(_cached, M // W, N, K, x.dtype, W, op)(x, w)

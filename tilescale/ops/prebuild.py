@@ -14,19 +14,47 @@ def unique(jobs) -> list:
     return _unique(jobs)
 
 
-def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
-    """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes."""
+def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False) -> list:
+    """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes (M: the op's bound of the
+    gathered rows); `cached`: those of ``tilescale.ops.ag_gemm`` (and the torch ops) for M gathered rows instead
+    (tilescale.ops.op_cache.cached_op: the config of the rows' bound, plain grids)."""
     from .allgather_gemm import kernels
+    from .gemm import gemm_config
+    from .op_cache import row_bound
 
-    return [job for M, K, N in shapes if M % (world_size * 128) == 0 for job in kernels(M, N, K, world_size, dtype)]
+    jobs = []
+    for M, K, N in shapes:
+        if M % world_size:
+            continue
+        if not cached:
+            jobs += kernels(M, N, K, world_size, dtype)
+            continue
+        bound = row_bound(M // world_size) * world_size
+        cfg = gemm_config(bound, N, K, world_size=world_size, op="ag_gemm")
+        jobs += kernels(bound, N, K, world_size, dtype, config=cfg, sms=0)
+    return jobs
 
 
-def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16") -> list:
-    """(jit function, args) of every kernel GemmRS builds for these (M, K, N) shapes (K is the full K)."""
-    from .gemm_reduce_scatter import kernels
+def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False) -> list:
+    """(jit function, args) of every kernel GemmRS builds for these (M, K, N) shapes (K is the full K; M the op's
+    bound of the rows); `cached`: those of ``tilescale.ops.gemm_rs`` (and the torch ops) for M rows instead
+    (tilescale.ops.op_cache.cached_op: the config of the rows' bound)."""
+    from .gemm import gemm_config
+    from .gemm_reduce_scatter import default_path, kernels
+    from .op_cache import row_bound
 
-    return [job for M, K, N in shapes if not (M % (world_size * 128) or K % world_size)
-            for job in kernels(M, N, K // world_size, world_size, dtype)]
+    jobs = []
+    for M, K, N in shapes:
+        if M % world_size or K % world_size:
+            continue
+        kl = K // world_size
+        if not cached:
+            jobs += kernels(M, N, kl, world_size, dtype)
+            continue
+        bound = row_bound(M // world_size) * world_size
+        op = "gemm_rs_push" if default_path(world_size, kl) == "push" else "gemm_rs"
+        jobs += kernels(bound, N, kl, world_size, dtype, config=gemm_config(bound, N, kl, world_size=world_size, op=op))
+    return jobs
 
 
 def allgather_jobs(world_size: int, dtype: str = "bfloat16") -> list:

@@ -29,7 +29,8 @@ Autograd (``register_autograd``), with A sharded by rows and B this rank's colum
 ``Y = gemm_rs(X, W)``: ``(dY_full, dX) = ag_gemm_gathered(dY, W^T)`` (fused), ``dW = X^T @ dY_full``.
 ``all_gather`` and ``reduce_scatter`` are each other's backward.
 
-Any shape: ``ag_gemm`` / ``gemm_rs`` pad rows per rank to a multiple of 128 (tilescale.ops.gemm.padded_rows);
+Any shape: ``ag_gemm`` and ``gemm_rs`` take any rows per rank as they are (their kernels take them at run time:
+tilescale.ops.op_cache.cached_op);
 where the fused kernels cannot run a problem at all (a dtype other than bf16 / fp16, N or K not a multiple
 of 8, gemm_rs with N not a multiple of 128) the operators run tilescale's collective and torch's GEMM
 one after the other (correct, not overlapped) and say so on the debug log (``TILESCALE_DIST_DEBUG=1``).
@@ -149,9 +150,11 @@ def world_size() -> int:
 # --------------------------------------------------------------------------------- when not fused
 def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | None:
     """Why the fused kernel of `op` ("ag_gemm" or "gemm_rs") cannot run this problem (rows per rank, N,
-    K, with K the local K of gemm_rs), or None when it can (rows padded to a multiple of 128)."""
+    K, with K the local K of gemm_rs), or None when it can (the config of the rows' bound, as
+    tilescale.ops.op_cache.cached_op chooses it)."""
     from ..ops import checks
-    from ..ops.gemm import check, gemm_config, padded_rows
+    from ..ops.gemm import check, gemm_config
+    from ..ops.op_cache import row_bound
 
     if checks.dtype_name(dtype) not in checks.GEMM_DTYPES:
         return f"dtype {dtype} (the fused GEMMs take bfloat16 / float16)"
@@ -161,7 +164,11 @@ def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | No
         return f"K={K}, N={N}: rows of the operands must be whole 16-byte vectors (multiples of 8 elements)"
     if op == "gemm_rs" and N % 128:
         return f"N={N} is not a multiple of 128 (the reduction's column tile)"
-    M = padded_rows(rows) * W
+    if op == "gemm_rs":   # the push kernel's configs, or the pull path's GEMM's (as gemm_rs chooses them)
+        from ..ops.gemm_rs_path import default_path
+
+        op = "gemm_rs_push" if default_path(W, K) == "push" else "gemm_rs"
+    M = row_bound(rows) * W
     return check(gemm_config(M, N, K, world_size=W, op=op), M, N, K, world_size=W, op=op)
 
 

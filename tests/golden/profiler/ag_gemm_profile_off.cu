@@ -23,14 +23,15 @@
 
 #include <tl_templates/cuda/common.h>
 #if defined(__CUDA_ARCH__)
-extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived);
-extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived) {
+extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m);
+extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* Bs = ((void*)((char*)buf_dyn_shmem + 0));
   void* Cs = ((void*)((char*)buf_dyn_shmem + 0));
   void* As = ((void*)((char*)buf_dyn_shmem + 98304));
   __shared__ __align__(16) uint64_t mbarrier_mem[6];
   auto mbarrier = reinterpret_cast<Barrier*>(mbarrier_mem);
+  int at[3];
   float Cl[128];
   if (tl::tl_shuffle_elect<0>()) {
     tl::prefetch_tma_descriptor(A_desc);
@@ -49,14 +50,27 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
   __syncthreads();
   const dim3 blockIdx = tl::rasterization2DRow<10>();
   int me = nvshmem_my_pe();
-  tilescale::wait_until<unsigned long long>((&(arrived[((((me + 1) & 1) * 4) + (((int)blockIdx.y) >> 2))])), 3, (uint64_t)1, <site>);
+  int rmod = (((int)blockIdx.y) % ((m + 127) >> 7));
+  at[0] = ((((0 <= ((m + 127) >> 7)) && (0 <= rmod)) || ((((m + 127) >> 7) < 0) && (rmod <= 0))) ? rmod : (rmod + ((m + 127) >> 7)));
+  int rmod_1 = (((int)blockIdx.y) % ((m + 127) >> 7));
+  int rdiv = (((int)blockIdx.y) / ((m + 127) >> 7));
+  at[1] = (((me + ((((0 <= ((m + 127) >> 7)) && (0 <= rmod_1)) || ((((m + 127) >> 7) < 0) && (rmod_1 <= 0))) ? rdiv : (rdiv - 1))) + 1) & 1);
+  at[2] = ((at[0] / max(1, ((m + 511) >> 9))) + ((at[0] % max(1, ((m + 511) >> 9))) >> 31));
+  int rb = at[0];
+  int c_src = at[1];
+  int chunk = at[2];
+  if (0 <= ((c_src * 4) + chunk)) {
+    if (((chunk >> 2) + c_src) < 2) {
+      tilescale::wait_until<unsigned long long>((&(arrived[((c_src * 4) + chunk)])), 3, (uint64_t)1, <site>);
+    }
+  }
   if (((int)threadIdx.x) < 128) {
     tl::warpgroup_reg_dealloc<24>();
     for (int ko = 0; ko < 8; ++ko) {
       mbarrier[((ko % 3) + 3)].wait((((ko % 6) / 3) ^ 1));
       if (tl::tl_shuffle_elect<128>()) {
         mbarrier[(ko % 3)].expect_transaction(16384);
-        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
+        tl::tma_load(A_desc, mbarrier[(ko % 3)], (&(((bfloat16_t*)As)[((ko % 3) * 8192)])), (ko * 64), (rb * 128), c_src);
         mbarrier[(ko % 3)].arrive_and_expect_tx(32768);
         #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -105,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
       tl::fence_proxy_async();
       #pragma unroll
       for (int i_4 = 0; i_4 < 4; ++i_4) {
-        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (((((me * 16) + ((int)blockIdx.y)) + 16) & 31) * 128));
+        tl::tma_store(C_desc, (&(((bfloat16_t*)Cs)[(i_4 * 8192)])), ((((int)blockIdx.x) * 256) + (i_4 * 64)), (rb * 128), c_src);
       }
       tl::tma_store_arrive();
       tl::tma_store_wait<0, true>();
@@ -116,6 +130,6 @@ extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_const
 
 #else
 // tilescale: the host pass of nvcc sees the kernels' signatures only (codegen.py)
-extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived);
-extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived) {}
+extern "C" __global__ void ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m);
+extern "C" __global__ void __launch_bounds__(384, 1) ag_gemm_kernel(__grid_constant__ const CUtensorMap A_desc, __grid_constant__ const CUtensorMap B_desc, __grid_constant__ const CUtensorMap C_desc, const uint64_t* arrived, int m) {}
 #endif
