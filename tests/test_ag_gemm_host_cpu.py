@@ -839,8 +839,8 @@ def test_push_calls_of_fewer_rows_copy_and_flag_exactly_their_chunks(fake_cuda, 
     chunk by chunk (whole row tiles, the last chunk shorter or empty), from `a_local` (or my slot of A_full, filled
     by torch) into my slot of each peer's A_full (rows rank x 8 ..), and sets every chunk's ``arrived`` word on that
     peer (``arrived[me * slots + chunk]``), an empty chunk's too (a copy of no bytes); the profiled call issues
-    what the fast path does, its records with each chunk's bytes of this call; both GEMMs get m. gathered() then
-    copies my m rows into my slot once and returns the W x m rows of the call."""
+    what the fast path does, its records with each chunk's bytes and each GEMM's blocks of this call; both GEMMs get
+    m. gathered() then copies my m rows into my slot once and returns the W x m rows of the call."""
     log = fake_cuda
     op = _ag_gemm(log, W, rank, set(range(W)), protocol="push")
     rb = op.K * 2
@@ -855,6 +855,7 @@ def test_push_calls_of_fewer_rows_copy_and_flag_exactly_their_chunks(fake_cuda, 
         steps, log.ops = log.ops, []
         assert fast == steps and op.m == m and op.chunk_rows(m) == chunks
         assert [r[-1] for r in rec.records if r[1] == "copy_done"] == [n * rb for _ in range(W - 1) for _, n in chunks]
+        assert rec.tiles == [-(-m // 4), -(-m // 4) * (W - 1)]   # each GEMM's blocks of this call (block_m 4)
         h = op.streams[0].cuda_stream
         src = a.data_ptr() if a.is_contiguous() else op._slot.data_ptr()    # (one row: contiguous either way)
         want = []
