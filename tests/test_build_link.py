@@ -13,7 +13,7 @@ import pytest
 
 import tilescale
 import tilescale.language as T
-from tilescale import discovery
+from tilescale import codegen, discovery
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples" / "distributed"))
@@ -170,7 +170,8 @@ def test_ring_builds_and_links(ring_build):
 
 def test_ring_source(ring_build):
     src = ring_build.source
-    assert src.startswith("#include <tilescale/tilescale.cuh>\n")
+    first = "" if ring_build.spec.build_mode == "rdc" else codegen.NO_COLLECTIVES_LINE   # collectives left out
+    assert src.startswith(first + "#include <tilescale/tilescale.cuh>\n")
     assert "nvshmem_my_pe()" in src and "tilescale::put_signal<2>" in src and "tilescale::wait_until<" in src
 
 
