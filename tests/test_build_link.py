@@ -156,6 +156,7 @@ def test_ring_builds_and_links(ring_build):
     flags = " ".join(r.flags)
     assert f"-DTILESCALE_NVSHMEM={nv.version}" in flags
     assert "-DTILESCALE_WAIT_TIMEOUT_NS=" in flags
+    assert "--threads=2" in r.flags        # nvcc's two preprocessors side by side (docs/compile-time.md)
     if mode == "rdc":
         assert "-rdc=true" in r.flags and "-lnvshmem_device" in r.flags
         assert "-DNVSHMEM_ENABLE_ALL_DEVICE_INLINING" not in r.flags
