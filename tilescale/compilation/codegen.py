@@ -5,8 +5,8 @@
 
 1. ``#include <tilescale/tilescale.cuh>`` at the top (NVSHMEM for the build mode, module init, ops), after
    ``#define TILESCALE_NVSHMEM_NO_COLLECTIVES`` in the inlined mode for a kernel that calls no NVSHMEM function but
-   those tilescale's language emits: NVSHMEM's collective API is then left out of its build (module.cuh), which
-   halves nvcc's time; the device code is the same.
+   those tilescale's language emits: NVSHMEM's collective API is then left out of its build (module.cuh), about a
+   third of nvcc's time; the device code is the same.
 2. No ``__restrict__`` on kernel parameters: tilelang marks read-only parameters
    ``const T* __restrict__``, which lets nvcc read them with non-coherent loads (``ld.global.nc``); data
    a peer writes during the kernel would then be read stale after a wait.

@@ -54,8 +54,8 @@
 // TILESCALE_NVSHMEM_NO_COLLECTIVES (defined by codegen.py for a kernel that calls no NVSHMEM collective, with
 // NVSHMEM headers of the layout checked by discovery.NvshmemInstall.collectives_separable): NVSHMEM's collective API
 // is left out, by its include guards. In this mode its headers define one inline function per collective, type and
-// operation, and the C++ front end instantiates the templates behind every one of them, called or not: about 4 s
-// of cicc's 6 for an AG+GEMM kernel, and the host pass parses the headers too. What ops.cuh uses of it (the barrier
+// operation, and the C++ front end instantiates the templates behind every one of them, called or not: half of
+// cicc's time for an AG+GEMM kernel, and the host pass parses the headers too. What ops.cuh uses of it (the barrier
 // without the runtime's barrier words) is defined below as NVSHMEM defines it, on its barrier templates.
 #if defined(TILESCALE_NVSHMEM_NO_COLLECTIVES)
 #define _NVSHMEM_COLL_DEFINES_CUH_
