@@ -146,7 +146,9 @@ def nvcc_steps(source: Path, flags, strip: str = "") -> dict:
                str(src), *[f"-L{d}" for d in get_cuda_library_dirs()], "-lcuda", "-gencode",
                "arch=compute_90a,code=sm_90a", "--compiler-options", "-fPIC", "-I" + CUTLASS_INCLUDE_DIR,
                "-I" + TILELANG_TEMPLATE_PATH, *flags, "-o", str(work / "kernel.so")]
-        dry = subprocess.run([*cmd, "--dryrun", "--keep", "--keep-dir", str(work)], capture_output=True, text=True)
+        # nvcc's temporaries, and the files its steps write their output to (--threads), in `work` (removed after)
+        dry = subprocess.run([*cmd, "--dryrun", "--keep", "--keep-dir", str(work)], capture_output=True, text=True,
+                             env={**os.environ, "TMPDIR": str(work)})
         env_lines, steps = dryrun_steps(dry.stderr)
         totals = defaultdict(float)
         for name, line in steps:
