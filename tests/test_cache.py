@@ -45,7 +45,7 @@ for mode in (os.environ.get("MODES") or "auto").split(","):
     t = time.monotonic()
     k = tilescale.compile(f, build_mode=None if mode == "auto" else mode, world_size=2)
     out.append({"mode": k.build_mode, "t": time.monotonic() - t, "entries": len(entries()),
-                "source_ok": k.get_kernel_source().startswith("#include <tilescale/tilescale.cuh>")})
+                "source_ok": "\n#include <tilescale/tilescale.cuh>\n" in "\n" + k.get_kernel_source()})
 if os.environ.get("CALL_WITHOUT_RUNTIME"):
     try:
         k()

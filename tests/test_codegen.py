@@ -344,7 +344,7 @@ def test_every_op_compiles_for_sm90(every_op_build):
 
 def test_generated_source_of_distributed_kernel(every_op_build):
     src = every_op_build.source
-    assert src.startswith("#include <tilescale/tilescale.cuh>\n")
+    assert src.startswith(codegen.NO_COLLECTIVES_LINE + "#include <tilescale/tilescale.cuh>\n")  # language ops only
     assert src.count("#include <tilescale/tilescale.cuh>") == 1
     for call in ("nvshmem_my_pe()", "nvshmem_n_pes()", "tilescale::put<2, false>", "tilescale::get<1, false>",
                  "tilescale::put_signal<2>", "tilescale::signal_op(", "tilescale::wait_until<unsigned long long>",
@@ -474,7 +474,7 @@ def test_plain_kernel_after_distributed_one_is_untouched(module_env, monkeypatch
     # a distributed compile (tilescale.compile: cython + NVSHMEM) and a distributed lowering in this process
     dk = tilescale.compile(ring_put_kernel.get_tir(64, 256, 4))
     assert isinstance(dk, tilescale.DistributedKernel) and dk.build_mode == "inlined"
-    assert dk.get_kernel_source().startswith("#include <tilescale/tilescale.cuh>")
+    assert dk.get_kernel_source().startswith(codegen.NO_COLLECTIVES_LINE + "#include <tilescale/tilescale.cuh>")
     assert lower_source(smem_kernel.get_tir(), "rdc").startswith("#include <tilescale/tilescale.cuh>")
 
     func = plain_add.get_tir()

@@ -917,7 +917,7 @@ def test_timer_ops_are_not_distributed(build_env):
     g = timer_and_wait.get_tir()
     assert describe_distributed_calls(g) == ["tilescale::wait_until"]   # only the wait makes it distributed
     dsrc = lower_source(g, target=SM90)
-    assert dsrc.startswith("#include <tilescale/tilescale.cuh>\n")
+    assert dsrc.startswith("#define TILESCALE_NVSHMEM_NO_COLLECTIVES\n#include <tilescale/tilescale.cuh>\n")
     header = (REPO / "tilescale" / "include" / "tilescale" / "tilescale.cuh").read_text()
     assert "#include <tilescale/profile.cuh>" in header   # the guard then drops the pasted copy
 

@@ -3,7 +3,10 @@
 (:func:`distributed_build`), and chain to a post-processor registered before tilescale's. The same hook tells
 :func:`on_generate`'s listeners that a kernel is being built (not taken from a cache).
 
-1. ``#include <tilescale/tilescale.cuh>`` at the top (NVSHMEM for the build mode, module init, ops).
+1. ``#include <tilescale/tilescale.cuh>`` at the top (NVSHMEM for the build mode, module init, ops), after
+   ``#define TILESCALE_NVSHMEM_NO_COLLECTIVES`` in the inlined mode for a kernel that calls no NVSHMEM function but
+   those tilescale's language emits: NVSHMEM's collective API is then left out of its build (module.cuh), about a
+   third of nvcc's time; the device code is the same.
 2. No ``__restrict__`` on kernel parameters: tilelang marks read-only parameters
    ``const T* __restrict__``, which lets nvcc read them with non-coherent loads (``ld.global.nc``); data
    a peer writes during the kernel would then be read stale after a wait.
@@ -20,8 +23,14 @@ import threading
 from collections.abc import Iterator
 
 from .. import build_modes
+from .discovery import find_nvshmem
 
 INCLUDE_LINE = "#include <tilescale/tilescale.cuh>\n"
+NO_COLLECTIVES_LINE = "#define TILESCALE_NVSHMEM_NO_COLLECTIVES\n"
+# The NVSHMEM functions that tilescale's language emits into kernels (tilescale/language/distributed.py), none of them
+# a collective; everything else it emits goes through tilescale/ops.cuh, whose needs module.cuh covers.
+LANGUAGE_NVSHMEM_CALLS = frozenset({"nvshmem_my_pe", "nvshmem_n_pes", "nvshmem_fence", "nvshmem_quiet"})
+_NVSHMEM_NAME = re.compile(r"\bnvshmem\w*")
 
 _state = threading.local()
 _lock = threading.Lock()
@@ -39,19 +48,29 @@ RDC_LAUNCH_MACROS = """
 """
 
 
-def transform(code: str, build_mode: str) -> str:
-    """The source of a distributed kernel, given tilelang's generated source."""
+def calls_only_language_nvshmem(code: str) -> bool:
+    """Whether kernel source `code` names no NVSHMEM function but those of :data:`LANGUAGE_NVSHMEM_CALLS` (a kernel
+    that calls an NVSHMEM function itself, through T.call_extern, may call a collective)."""
+    return all(name in LANGUAGE_NVSHMEM_CALLS for name in _NVSHMEM_NAME.findall(code))
+
+
+def transform(code: str, build_mode: str, collectives_separable: bool = False) -> str:
+    """The source of a distributed kernel, given tilelang's generated source. `collectives_separable`: the NVSHMEM
+    in use can build a kernel without its collective API (discovery.NvshmemInstall.collectives_separable)."""
     if INCLUDE_LINE in code:
         return code
+    relocatable = build_modes.get(build_mode).relocatable
+    head = NO_COLLECTIVES_LINE if collectives_separable and not relocatable and calls_only_language_nvshmem(code) \
+        else ""
     code = _KERNEL_DECL.sub(lambda m: m.group(1).replace(" __restrict__", ""), code)
     tail = ""
-    if build_modes.get(build_mode).relocatable and _DYN_SMEM.search(code):
+    if relocatable and _DYN_SMEM.search(code):
         # tilelang names the merged buffer `uchar buf_dyn_shmem[]`, a single one by its own name and type
         code = _DYN_SMEM.sub(lambda m: f"extern __shared__ __align__(1024) uchar tilescale_dyn_shmem_raw[];\n"
                                        f"  {m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>("
                                        "tilescale::align_dyn_smem(tilescale_dyn_shmem_raw));", code)
         tail = RDC_LAUNCH_MACROS
-    return INCLUDE_LINE + device_code_for_device_pass(code) + tail
+    return head + INCLUDE_LINE + device_code_for_device_pass(code) + tail
 
 
 # tilelang's device-only headers: instructions, copies, reductions, barriers. Kernel bodies use them; the host
@@ -125,7 +144,14 @@ def _postproc(code: str, target) -> str:
     mode = getattr(_state, "build_mode", None)
     if mode is None:
         return code
-    return transform(code, mode)
+    return transform(code, mode, _collectives_separable())
+
+
+def _collectives_separable() -> bool:
+    try:
+        return find_nvshmem().collectives_separable
+    except Exception:  # noqa: BLE001  (no NVSHMEM: its build fails with that error elsewhere)
+        return False
 
 
 def install() -> None:

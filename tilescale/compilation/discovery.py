@@ -58,6 +58,14 @@ class NvshmemInstall:
         return False
 
     @property
+    def collectives_separable(self) -> bool:
+        """The headers have the layout that tilescale/module.cuh relies on to build a kernel without NVSHMEM's
+        collective API (codegen.py): the include guards it defines, the barrier templates it includes, and
+        nvshmem_barrier_all / nvshmem_sync_all defined on them as module.cuh defines them then. Any other layout
+        (another NVSHMEM release) builds every kernel with the whole API."""
+        return _collectives_separable(self.include_dir)
+
+    @property
     def host_library_link_flag(self) -> str:
         """-l flag that links the host library by file name (wheels ship no unversioned .so)."""
         return f"-l:{self.host_library.name}"
@@ -156,3 +164,29 @@ def find_nvshmem() -> NvshmemInstall:
 
 def clear_cache() -> None:
     _find_cached.cache_clear()
+
+
+# What tilescale/module.cuh relies on to leave NVSHMEM's collective API out of a kernel that calls none: the include
+# guard of each header it skips (defined before nvshmem.h), and the definitions it gives nvshmem_barrier_all and
+# nvshmem_sync_all instead (the same as in the skipped header, on the barrier templates of coll/barrier.cuh).
+COLLECTIVE_GUARDS = {"device/nvshmem_coll_defines.cuh": "_NVSHMEM_COLL_DEFINES_CUH_",
+                     "device/nvshmemx_coll_defines.cuh": "_NVSHMEMX_COLL_DEFINES_CUH_",
+                     "non_abi/device/coll/defines.cuh": "_NVSHMEMI_DEVICE_COLL_DEFINES_H_"}
+_BARRIER_DEFINITIONS = [re.compile(r"void\s+nvshmem_barrier_all\(\)\s*\{\s*nvshmemi_barrier_threadgroup"
+                                   r"<nvshmemi_threadgroup_thread>\(NVSHMEM_TEAM_WORLD\);\s*\}"),
+                        re.compile(r"void\s+nvshmem_sync_all\(\)\s*\{\s*nvshmemi_sync_threadgroup"
+                                   r"<nvshmemi_threadgroup_thread>\(NVSHMEM_TEAM_WORLD\);\s*\}")]
+
+
+def _collectives_separable(include_dir: Path) -> bool:
+    try:
+        texts = {name: (include_dir / name).read_text(errors="replace")
+                 for name in [*COLLECTIVE_GUARDS, "non_abi/device/coll/barrier.cuh"]}
+    except OSError:
+        return False
+    guarded = all(re.search(rf"^#ifndef\s+{g}\s*$", texts[f], re.M) for f, g in COLLECTIVE_GUARDS.items())
+    barrier = texts["non_abi/device/coll/barrier.cuh"]
+    templates = all(re.search(rf"\b{t}\s*\(\s*nvshmem_team_t", barrier)
+                    for t in ("nvshmemi_barrier_threadgroup", "nvshmemi_sync_threadgroup"))
+    defined = all(p.search(texts["device/nvshmem_coll_defines.cuh"]) for p in _BARRIER_DEFINITIONS)
+    return guarded and templates and defined

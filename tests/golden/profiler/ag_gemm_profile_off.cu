@@ -1,3 +1,4 @@
+#define TILESCALE_NVSHMEM_NO_COLLECTIVES
 #include <tilescale/tilescale.cuh>
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
 #define _tl_orig_alignas alignas

@@ -51,8 +51,32 @@
 // nvshmemx_cumodule_init() looks up "nvshmemi_device_lib_version_d" in the module. NVSHMEM 3.8 headers
 // define it for non-RDC units, 3.4 headers do not: rename whatever the headers define, define our own.
 #define nvshmemi_device_lib_version_d tilescale_hdr_device_lib_version_d
+// TILESCALE_NVSHMEM_NO_COLLECTIVES (defined by codegen.py for a kernel that calls no NVSHMEM collective, with
+// NVSHMEM headers of the layout checked by discovery.NvshmemInstall.collectives_separable): NVSHMEM's collective API
+// is left out, by its include guards. In this mode its headers define one inline function per collective, type and
+// operation, and the C++ front end instantiates the templates behind every one of them, called or not: half of
+// cicc's time for an AG+GEMM kernel, and the host pass parses the headers too. What ops.cuh uses of it (the barrier
+// without the runtime's barrier words) is defined below as NVSHMEM defines it, on its barrier templates.
+#if defined(TILESCALE_NVSHMEM_NO_COLLECTIVES)
+#define _NVSHMEM_COLL_DEFINES_CUH_
+#define _NVSHMEMX_COLL_DEFINES_CUH_
+#define _NVSHMEMI_DEVICE_COLL_DEFINES_H_
+#endif
 #include <nvshmem.h>
 #include <nvshmemx.h>
+#if defined(TILESCALE_NVSHMEM_NO_COLLECTIVES)
+#include <non_abi/device/coll/barrier.cuh>
+#if defined(__CUDA_ARCH__)
+extern "C" {
+NVSHMEMI_STATIC NVSHMEMI_DEVICE_PREFIX NVSHMEMI_DEVICE_INLINE void nvshmem_barrier_all() {
+  nvshmemi_barrier_threadgroup<nvshmemi_threadgroup_thread>(NVSHMEM_TEAM_WORLD);
+}
+NVSHMEMI_STATIC NVSHMEMI_DEVICE_PREFIX NVSHMEMI_DEVICE_INLINE void nvshmem_sync_all() {
+  nvshmemi_sync_threadgroup<nvshmemi_threadgroup_thread>(NVSHMEM_TEAM_WORLD);
+}
+}
+#endif
+#endif
 #undef nvshmemi_device_lib_version_d
 __constant__ nvshmemi_version_t nvshmemi_device_lib_version_d = {
     NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION};
