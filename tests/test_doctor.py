@@ -490,7 +490,10 @@ def test_cache_dirs_suggests_a_directory_of_the_user(monkeypatch, tmp_path):
     xdg.write_text("a file where XDG_CACHE_HOME should be")
     c = doctor.check_cache_dirs(doctor.Context())
     assert c.fix.startswith(f"export TILESCALE_CACHE_DIR={home}/.cache/tilescale;")
-    assert "/tmp/tilescale" not in c.fix and "/tmp/tilelang" not in c.fix
+    # both suggested directories in the user's home, not a shared one such as /tmp/tilescale (compared as values:
+    # the test's own folder may be under a /tmp/tilescale-tests-* run folder)
+    values = [part.split("=", 1)[1] for part in c.fix.split("; ")]
+    assert values == [f"{home}/.cache/tilescale", f"{home}/.cache/tilelang"], c.fix
 
 
 # -------------------------------------------------------------------------------------- tools and driver
