@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch_worlds import MirrorWorld, ThreadWorld, randn  # noqa: E402
+from torch_worlds import MirrorWorld, ThreadWorld, randn, world_fixture  # noqa: E402,F401  (the fixture `world`)
 
 import tilescale  # noqa: E402
 from tilescale import compat, runtime  # noqa: E402
@@ -36,17 +36,6 @@ from tilescale.pytorch import async_tp, inductor_async_tp, torch_ops  # noqa: E4
 compat.symm_mem_module()            # torch.ops.symm_mem.* registered
 AG, RS = async_tp.AG, async_tp.RS
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "distributed" / "example_inductor_async_tp.py"
-
-
-@pytest.fixture
-def world(monkeypatch):
-    def use(w):
-        monkeypatch.setattr(torch_ops, "_BACKEND", w)
-        torch._dynamo.reset()          # world_size() is a constant of compiled code
-        return w
-
-    yield use
-    torch._dynamo.reset()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def _cache_dirs() -> set:
 _EXISTED_BEFORE = _cache_dirs()   # before torch_ops imports torch._dynamo
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch_worlds import MirrorWorld, ThreadWorld, randn  # noqa: E402
+from torch_worlds import MirrorWorld, ThreadWorld, randn, world_fixture  # noqa: E402,F401  (the fixture `world`)
 
 from tilescale import runtime  # noqa: E402
 from tilescale.ops import async_tp, checks, torch_ops  # noqa: E402
@@ -46,17 +46,6 @@ def _no_compiler_cache_left():
             os.rmdir(d)             # only an empty directory
         except OSError:
             pass
-
-
-@pytest.fixture
-def world(monkeypatch):
-    def use(w):
-        monkeypatch.setattr(torch_ops, "_BACKEND", w)
-        torch._dynamo.reset()          # world_size() is a constant of compiled code
-        return w
-
-    yield use
-    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------------------- registration

@@ -2,9 +2,10 @@
 tests/test_async_tp_cpu.py): a backend of ``tilescale.pytorch.torch_ops`` (put in place of ``torch_ops._BACKEND``)
 whose collectives and fused ops are plain torch, in one process. :class:`MirrorWorld`: one rank of W that all hold
 the same tensors (deterministic: opcheck, torch.compile); :class:`ThreadWorld`: W ranks as W threads, with real
-collectives between them."""
+collectives between them; the fixture ``world`` (:func:`world_fixture`) puts one in place."""
 import threading
 
+import pytest
 import torch
 
 
@@ -151,3 +152,17 @@ def randn(*shape, seed=0, dtype=torch.float32):
     """A seeded normal tensor (CPU) of `dtype`."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g).to(dtype)
+
+
+@pytest.fixture(name="world")
+def world_fixture(monkeypatch):
+    """world(w) puts the simulated world `w` in place of torch_ops' backend for the test (and returns it)."""
+    from tilescale.pytorch import torch_ops
+
+    def use(w):
+        monkeypatch.setattr(torch_ops, "_BACKEND", w)
+        torch._dynamo.reset()          # world_size() is a constant of compiled code
+        return w
+
+    yield use
+    torch._dynamo.reset()

@@ -36,16 +36,15 @@ OPS = (async_tp.AG, async_tp.RS)      # the symm_mem ops whose kernels the switc
 _installed: InductorAsyncTP | None = None
 
 
+def _count(key: str) -> None:
+    if _installed is not None:
+        _installed.calls[key] += 1
+
+
 def _torchs_kernel(op: str):
     """What a call tilescale does not serve runs: torch's own kernel of `op` (counted)."""
-    if _installed is not None:
-        _installed.calls[f"{op} (torch)"] += 1
+    _count(f"{op} (torch)")
     return compat.symm_mem_kernel(op)
-
-
-def _count(op: str) -> None:
-    if _installed is not None:
-        _installed.calls[op] += 1
 
 
 def _fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):

@@ -227,6 +227,7 @@ class Watchdog(threading.Thread):
         self.interval = interval_s
         self.stop = threading.Event()
         self.reported = False
+        self._unwatched_said = False     # _say_unwatched's warning, once
         try:
             self.store = default_store()
         except Exception:  # noqa: BLE001
@@ -236,10 +237,10 @@ class Watchdog(threading.Thread):
         """Once: stream waits the watchdog cannot see (the driver refused the write of their progress, the shim's
         ts_watch_failures) are not bounded; said, not raised (the op's calls go on)."""
         fn = getattr(getattr(self.rt, "shim", None), "ts_watch_failures", None)
-        if fn is None or getattr(self, "_unwatched_said", False) or not fn():
+        if fn is None or self._unwatched_said or not (n := fn()):
             return
         self._unwatched_said = True
-        print(f"tilescale: rank {me}: warning: {fn()} stream wait(s) of AG+GEMM could not be watched (the CUDA "
+        print(f"tilescale: rank {me}: warning: {n} stream wait(s) of AG+GEMM could not be watched (the CUDA "
               "driver refused cuStreamWriteValue64 into host memory): TILESCALE_WAIT_TIMEOUT_S does not bound them",
               file=sys.stderr, flush=True)
 
