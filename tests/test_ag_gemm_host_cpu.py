@@ -764,18 +764,21 @@ def test_pull_chunks_keep_copies_of_16_mib():
 
 
 # ------------------------------------------------------------------------------------------ the push protocol
-def test_push_for_two_ranks_on_two_gpus_of_this_node():
-    """The push protocol where every copy runs on a copy engine (the peer mapped here, not on this GPU) and the job
-    has two ranks; pull where a peer shares this rank's GPU or is on another node, and at more ranks (a second push
-    did not arrive on 4 distinct GPUs)."""
+def test_push_where_every_rank_has_a_gpu_of_its_own_on_this_node():
+    """The push protocol where every copy runs on a copy engine: every peer mapped here (this node) and no GPU of
+    the node run by two ranks, at any world size; pull where a peer shares this rank's GPU, where any two ranks of
+    the node share one (the answer must be the same on every rank), or where a peer is on another node."""
     near = lambda *ps: [p in ps for p in range(4)]  # noqa: E731
     distinct = lambda p: p == 1  # noqa: E731      (rank 1's GPU is its own)
     assert agm.protocol_for(2, 1, near(0), distinct) == "push"
     assert agm.protocol_for(2, 1, near(), distinct) == "pull"                           # rank 0 on another node
     assert agm.protocol_for(2, 1, near(0), lambda p: True) == "pull"                    # one GPU for both
-    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct) == "pull"
+    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct) == "push"
+    assert agm.protocol_for(3, 2, near(0, 1), lambda p: p == 2) == "push"
     assert agm.protocol_for(4, 1, near(0, 2), distinct) == "pull"                       # rank 3 on another node
     assert agm.protocol_for(4, 1, near(0, 2, 3), lambda p: p in (0, 1)) == "pull"       # rank 0 shares my GPU
+    assert agm.protocol_for(4, 1, near(0, 2, 3), distinct, shared_gpu=True) == "pull"   # ranks 2 and 3 share one
+    assert agm.protocol_for(1, 0, near(), lambda p: p == 0) == "pull"                   # no peer: nothing moves
 
 
 @pytest.mark.parametrize("W,rank", [(2, 0), (3, 1), (4, 2)])

@@ -1,5 +1,7 @@
-"""The push protocol of AG+GEMM (:mod:`tilescale.ops.allgather_gemm`), for two ranks on two GPUs of this node
-(:func:`tilescale.ops.allgather_gemm.protocol_for`): every copy runs on a copy engine, no SM is taken from the GEMM.
+"""The push protocol of AG+GEMM (:mod:`tilescale.ops.allgather_gemm`), for ranks each on a GPU of its own, all on
+this node (:func:`tilescale.ops.allgather_gemm.protocol_for`): every copy runs on a copy engine, no SM is taken from
+the GEMM (a copy into a peer's mapping runs while the second GEMM's blocks hold every SM; a copy within one GPU
+would wait for an SM: docs/ag-gemm-overlap.md).
 
 Flags: ``arrived[q, chunk]`` (symmetric, here): rank q's chunk is in my ``A_full``; ``freed[q]`` (symmetric,
 here): rank q has read my rows of its ``A_full`` of the last call and zeroed its ``arrived`` (1 before the first

@@ -11,10 +11,11 @@ in the order they arrive (rank+1's first, then rank+2's, ...), each tile waiting
 size 1 the call is the first GEMM alone, on `a_local`. Two protocols move the rows, chosen by topology
 (:func:`protocol_for`), each with its flags and numbered steps in its module:
 
-- push (:mod:`.ag_gemm_push`): two ranks on two GPUs of this node; each rank's copy engine pushes its rows into the
-  peer's gathered buffer, chunk by chunk, each chunk followed by a flag that the peer's second GEMM waits for;
-- pull (:mod:`.ag_gemm_pull`): a peer on this rank's GPU or on another node, or more than two ranks; each rank
-  copies its rows into its slot of the gathered buffer and pulls the other ranks' slots, one peer after another.
+- push (:mod:`.ag_gemm_push`): every rank on a GPU of its own, all on this node; each rank's copy engine pushes its
+  rows into each peer's gathered buffer (rank-1 first), chunk by chunk, each chunk followed by a flag that the
+  peer's second GEMM waits for;
+- pull (:mod:`.ag_gemm_pull`): ranks sharing a GPU, or ranks on several nodes; each rank copies its rows into its
+  slot of the gathered buffer and pulls the other ranks' slots, one peer after another.
 
 The kernel (both GEMMs), its grids and the kernels an op compiles are in :mod:`.ag_gemm_kernel`. A call is one path,
 :meth:`AGGemm.__call__`: the protocol's programs of stream operations (:mod:`.stream_ops`, built once, each issued by
@@ -48,13 +49,14 @@ from .gemm import GemmConfig, check_problem, split_workspace
 __all__ = ["AGGemm", "ag_gemm"]
 
 
-def protocol_for(world_size: int, rank: int, near, same_gpu) -> str:
-    """"push" for two ranks on two GPUs of this node (``near[p]``: mapped here; ``same_gpu(p)``: on this rank's GPU),
-    where every copy runs on a copy engine; else "pull" (:mod:`.ag_gemm_pull`). Not yet at 3 or more ranks: on 4
-    distinct H200s a rank's second push never reached its peer, whose second GEMM waited until
-    TILESCALE_WAIT_TIMEOUT_S (docs/ag-gemm-overlap.md)."""
+def protocol_for(world_size: int, rank: int, near, same_gpu, shared_gpu: bool = False) -> str:
+    """"push" where every rank is on a GPU of its own on this node (``near[p]``: rank p mapped here; ``same_gpu(p)``:
+    on this rank's GPU; `shared_gpu`: some GPU of this node runs more than one rank), so that every copy of the
+    call runs on a copy engine; else "pull" (:mod:`.ag_gemm_pull`). The answer is the same on every rank: a peer on
+    another node makes every rank pull (each then has one), and so does any GPU that two ranks share."""
     others = [p for p in range(world_size) if p != rank]
-    return "push" if world_size == 2 and all(near[p] and not same_gpu(p) for p in others) else "pull"
+    distinct = not shared_gpu and not any(same_gpu(p) for p in others)
+    return "push" if others and distinct and all(near[p] for p in others) else "pull"
 
 
 class AGGemm(PullProtocol, PushProtocol, Op):
@@ -154,8 +156,10 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
-        same_gpu = self.rt.info.same_gpu
-        self.protocol = protocol_for(W, self.rank, near, same_gpu)
+        info = self.rt.info
+        same_gpu = info.same_gpu
+        shared = info.shared_gpu or len(set(info.node_devices)) < len(info.node_devices)
+        self.protocol = protocol_for(W, self.rank, near, same_gpu, shared)
         # push: one copy stream; pull: a copy stream per peer (step 4), then the local stream (step 2)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(1 if self.protocol == "push" else W)]
         # pulls that need an SM are done before the second GEMM (step 4)
