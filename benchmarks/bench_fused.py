@@ -117,10 +117,23 @@ def run_ag_gemm(info, shapes, dtype, quick):
         # kernels that take the rows at run time see C as (W, rows, N) and A_full as (W, rows, K)
         runtime_rows = hasattr(fop, "chunk_rows")
         c_k = c.view(W, M // W, N) if runtime_rows else c
-        if W > 1:   # the GEMMs alone: every chunk marked as arrived, both launches reading the gathered buffer
+        if runtime_rows:   # the op's own launches (its C entry points), the peers' GEMM on flags all set
+            landed = torch.ones_like(fop.arrived) if W > 1 else None
+            slot = fop.gathered()[rank * (M // W):(rank + 1) * (M // W)] if W > 1 else a
+
+            def ts_gemm():
+                stream = torch.cuda.current_stream().cuda_stream
+                fop._gemm_own(slot, b, c, stream)
+                if W > 1:
+                    arrived, fop.arrived = fop.arrived, landed
+                    try:
+                        fop._gemm_peers(b, c, stream)
+                    finally:
+                        fop.arrived = arrived
+        elif W > 1:   # the GEMMs alone: every chunk marked as arrived, both launches reading the gathered buffer
             landed = torch.ones_like(fop.arrived)
             slot = fop.gathered()[rank * (M // W):(rank + 1) * (M // W)]
-            full_k = fop.gathered().view(W, M // W, K) if runtime_rows else fop.gathered()
+            full_k = fop.gathered()
 
             def ts_gemm():
                 fop.kernel_own(slot, b, c_k, *fop.tail[0])

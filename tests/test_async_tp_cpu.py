@@ -318,6 +318,24 @@ def test_switch_installs_and_removes(fake_group, no_switch):
     assert kernel_file(AG, "CUDA") == TORCHS and inductor_async_tp.installed() is None
 
 
+def test_switch_overrides_torchs_python_kernels_where_impl_refuses_by_default(fake_group, no_switch, monkeypatch):
+    """torch 2.11's ``Library.impl`` refuses to replace a kernel registered from Python unless
+    ``allow_override=True`` (2.14's default): torch's own symm_mem CUDA kernels are such (4 H200s, torch 2.11:
+    'already a kernel registered from python overriding fused_all_gather_matmul's behavior')."""
+    impl = torch.library.Library.impl
+
+    def impl_211(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=False):
+        return impl(self, op_name, fn, dispatch_key, with_keyset=with_keyset, allow_override=allow_override)
+
+    monkeypatch.setattr(torch.library.Library, "impl", impl_211)
+    # torch 2.11 registers its kernels with Library.impl, which notes them (2.14 registers them otherwise)
+    monkeypatch.setattr(torch.library, "_impls", set(torch.library._impls) | {f"symm_mem/{op}/CUDA" for op in (AG, RS)})
+    fake_group(2)
+    with inductor_async_tp.use_for_inductor_async_tp(enable_pass=False):
+        assert [kernel_file(op, "CUDA") for op in (AG, RS)] == [OURS, OURS]
+    assert [kernel_file(op, "CUDA") for op in (AG, RS)] == [TORCHS, TORCHS]
+
+
 def test_switch_puts_back_the_pass_setting_it_found(fake_group, no_switch):
     import torch._inductor.config as inductor_config
 

@@ -237,6 +237,20 @@ def symm_mem_kernel(op: str):
     return getattr(symm_mem_module(), "_" + op)
 
 
+def override_kernel(lib, op: str, device_type: str, fn) -> None:
+    """Register `fn` in `lib` (a ``torch.library.Library(ns, "IMPL")``) as the kernel of ``<ns>::<op>`` for
+    `device_type` ("cuda", "cpu"), in place of one torch registered from Python: torch's own symm_mem kernels are
+    such (``Library.impl`` refuses to replace them unless ``allow_override``, whose default was False in torch 2.11
+    and True in 2.14). The kernel lasts as long as `lib`; the dispatcher then runs the one before it again."""
+    import inspect
+
+    key = {"cuda": "CUDA", "cpu": "CPU"}.get(device_type, device_type)
+    if "allow_override" in inspect.signature(lib.impl).parameters:
+        lib.impl(op, fn, key, allow_override=True)
+    else:
+        lib.impl(op, fn, key)
+
+
 def mark_group_for_symm_mem(group_name: str) -> None:
     """Mark `group_name` for symmetric memory (``is_symm_mem_enabled_for_group`` is then True: Inductor's
     micro-pipeline TP pass fuses its collectives); torch 2.14 deprecates the call (a FutureWarning, silenced here)

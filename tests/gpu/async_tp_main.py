@@ -169,8 +169,11 @@ def main():
         shards = [rand(r, 7, 4, 32, 64) for r in mine]
         B = rand(0, 8, 64, 16)
         A, (c,) = fused_all_gather_matmul(shards[rank % 2], [B], 1, pair.group_name)
-        close("subgroup A (torch's op)", A, torch.cat(shards, dim=1))
-        close("subgroup output (torch's op)", c, torch.cat(shards, dim=1) @ B)
+        want = torchs_layouts("fused_all_gather_matmul", shards[rank % 2], [B], 1, pair.group_name)
+        if (layout(A), [layout(c)]) != want:     # torch's op gives A as a view of its gather along dim 0
+            raise AssertionError(f"[rank {rank}] subgroup: layouts {(layout(A), [layout(c)])}, torch's {want}")
+        close("subgroup A (torch's op)", A, torch.cat(shards, dim=1), strides=False)
+        close("subgroup output (torch's op)", c, torch.cat(shards, dim=1) @ B, strides=False)
         cases.append("subgroup")
         testing.say(f"[rank {rank}] OK: a TP group of 2 in a world of 4 goes to torch.ops.symm_mem")
     torch.cuda.synchronize()

@@ -5,9 +5,10 @@ matmul followed by a reduce-scatter (``torch.distributed._functional_collectives
 sequence parallelism use), into calls of ``torch.ops.symm_mem.fused_all_gather_matmul`` /
 ``fused_matmul_reduce_scatter``; the compiled code calls those ops through torch's dispatcher. The switch registers
 tilescale's drop-ins (:mod:`.async_tp`) as the CUDA kernels of these two ops, with ``torch.library`` (a
-``Library("symm_mem", "IMPL")``, torch's public way to override an operator's kernel for a device), so the
-rewritten graph runs tilescale's fused kernels, and removes them again (the dispatcher then runs torch's kernels,
-as before)::
+``Library("symm_mem", "IMPL")``, torch's public way to override an operator's kernel for a device; torch's own
+kernels of these ops are Python functions it registered, which the override replaces: ``compat.override_kernel``),
+so the rewritten graph runs tilescale's fused kernels, and removes them again (the dispatcher then runs torch's
+kernels, as before)::
 
     tilescale.init_distributed()
     with tilescale.pytorch.use_for_inductor_async_tp():      # or: handle = ...(); later handle.remove()
@@ -88,7 +89,8 @@ class InductorAsyncTP:
         self._lib = torch.library.Library("symm_mem", "IMPL")
         try:
             for op, kernel in KERNELS.items():
-                torch.library.register_kernel(f"symm_mem::{op}", device_types, kernel, lib=self._lib)
+                for device_type in device_types:
+                    compat.override_kernel(self._lib, op, device_type, kernel)
         except BaseException:
             self._lib = None                           # none of the kernels stays
             raise
