@@ -53,8 +53,12 @@ def funcol_collectives(group_name: str):
     gather_fn = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor       # torch 2.14's names
     scatter_fn = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
-    def gather(t, dim):
-        return gather_fn(t, dim, group_name)
+    def gather(t, dim):     # along dim 0, then chunk and cat: the pattern the pass matches for another dim (torch
+        if dim == 0:        # 2.11's funcol does this in _maybe_view_chunk_cat, which Dynamo does not trace)
+            return gather_fn(t, 0, group_name)
+        import torch
+
+        return torch.cat(gather_fn(t, 0, group_name).chunk(torch.distributed.get_world_size(), dim=0), dim=dim)
 
     def scatter(t, dim):
         return scatter_fn(t, "sum", dim, group_name)
