@@ -9,15 +9,9 @@
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from rank_processes import run_ranks
 
 PRELUDE = r"""
 import json, logging, os, sys, warnings
@@ -377,24 +371,7 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 def _run_ranks(tmp_path: Path, code: str, nranks: int = 2, timeout: float = 90) -> list[dict]:
-    script = tmp_path / "rank.py"
-    script.write_text(code)
-    env = dict(os.environ, WORLD_SIZE=str(nranks), INIT=f"file://{tmp_path / 'store'}", PYTHONPATH=str(REPO_ROOT),
-               TILESCALE_PLAN_DIR=str(tmp_path / "plans"))
-    env.pop("TILESCALE_DIST_PREFER", None)
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**env, "RANK": str(r)}) for r in range(nranks)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("ranks did not finish (hang?):\n" + "\n".join(q.communicate()[0][-3000:] for q in procs))
-    for r, (p, o) in enumerate(zip(procs, outs, strict=False)):
-        assert p.returncode == 0 and "RESULT " in o, f"rank {r} failed:\n{o[-5000:]}"
-    return [json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for o in outs]
+    return run_ranks(tmp_path, code, nranks, timeout)
 
 
 def _all_true(v) -> bool:

@@ -2,8 +2,9 @@
 
 torchrun starts each rank in a session of its own, so no process group holds a whole job: every process the launch
 starts carries ``TILESCALE_LAUNCH_JOB_ID=<id>`` in its environment instead (the ranks, what they start, also once
-reparented), and :meth:`Job.cleanup` ends the processes that carry it (SIGTERM, then SIGKILL after 10 s). The CUDA
-MPS daemon is stopped only when this launch started it, and found by its pipe directory, never by name.
+reparented), and :meth:`Job.cleanup` ends the processes that carry it (SIGTERM, then SIGKILL after 10 s) and waits
+until they are gone. The CUDA MPS daemon is stopped only when this launch started it, and found by its pipe
+directory, never by name.
 """
 from __future__ import annotations
 
@@ -50,12 +51,22 @@ def _pids_with(entry: bytes) -> list[int]:
     return found
 
 
-def _signal(pids: list[int], sig: int) -> None:
+def _signal(pids, sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), while it runs; None once it is gone
+    or a zombie. A pid with the start time seen before is the same process (pids are reused)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 class Job:
@@ -76,20 +87,36 @@ class Job:
         rc = proc.wait()
         return 128 - rc if rc < 0 else rc   # killed by a signal: 128 + its number, as a shell says
 
-    def end_processes(self) -> None:
-        pids = _pids_with(f"{MARK}={self.id}".encode())
+    def end_processes(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process of the job, SIGKILL those still running after `grace_s`, and return once all are
+        gone. A process is followed by its pid and start time from the moment its mark is seen: one that is exiting
+        has no environment left to read (its memory is gone) while the kernel still tears it down, which on a busy
+        machine takes seconds."""
+        mark = f"{MARK}={self.id}".encode()
+        seen: dict[int, int] = {}                  # pid -> start time
+
+        def running() -> list[int]:
+            for pid in _pids_with(mark):           # marked processes, those started meanwhile included
+                t = _start_time(pid)
+                if t is not None:
+                    seen.setdefault(pid, t)
+            return [pid for pid, t in seen.items() if _start_time(pid) == t]
+
+        pids, termed = running(), set()
+        deadline = time.monotonic() + grace_s      # by the clock: a scan of /proc on a busy machine takes a while
+        while pids and time.monotonic() < deadline:
+            _signal([p for p in pids if p not in termed], signal.SIGTERM)   # (one started meanwhile too)
+            termed.update(pids)
+            time.sleep(0.1)
+            pids = running()
         if not pids:
             return
-        _signal(pids, signal.SIGTERM)
-        deadline = time.monotonic() + 10.0   # by the clock: a scan of /proc on a busy machine takes a while
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = _pids_with(f"{MARK}={self.id}".encode())
-            if not pids:
-                return
         print(f"tilescale run: killing processes that did not end on SIGTERM: {' '.join(map(str, pids))}",
               file=sys.stderr, flush=True)
-        _signal(pids, signal.SIGKILL)
+        while pids and time.monotonic() < deadline + grace_s:
+            _signal(pids, signal.SIGKILL)
+            time.sleep(0.05)
+            pids = [p for p in pids if _start_time(p) == seen[p]]
 
     # ---------------------------------------------------------------------------------------------- files
     def temp_dir(self, prefix: str) -> str:
