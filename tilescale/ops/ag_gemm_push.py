@@ -30,6 +30,7 @@ C entry point); step 6 (a second program). A profiled call issues the same progr
 records of the pushes between them (the programs' marks).
 """
 from . import stream_ops as so
+from . import vectors
 
 
 class PushProtocol:
@@ -82,7 +83,7 @@ class PushProtocol:
         """The rows a push call sends and its first GEMM reads: `a_local` itself when the copy engines and TMA can
         read it (contiguous, 16-byte aligned; gathered() copies it into my rows of A_full later), else my rows of
         A_full, filled from it by torch on the main stream first."""
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:
+        if vectors.is_aligned(a_local):
             self._last_a, self._slot_stale = a_local, True
             return a_local
         self._slot.copy_(a_local)

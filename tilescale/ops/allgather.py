@@ -68,7 +68,7 @@ import tilescale.language as T
 from ..profiler import session as profiling
 from ..profiler.session import now as _now
 from . import allgather_hierarchical as hier
-from . import base, checks, op_cache, registry
+from . import base, checks, op_cache, registry, vectors
 from .base import DoubleBuffered
 from .vectors import COUNTER, SIGNAL
 
@@ -202,8 +202,8 @@ class AllGather(DoubleBuffered):
         else:
             stream = self.begin(x, out)
         p = x.data_ptr()
-        if p & 15 or not x.is_contiguous():
-            x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
+        if not vectors.is_aligned(x):
+            x = vectors.aligned(x)   # whole 16-byte vectors
             p = x.data_ptr()
         prof = profiling.current
         if prof is None:

@@ -314,12 +314,12 @@ class AGGemm(PullProtocol, PushProtocol, Op):
                 via = _Profiled(self, rec, rows)
         if self.world_size == 1:                        # 1 alone: nothing to gather
             self._last_a = a_local
-            via._gemm_own(_tma_ready(a_local), b, out, stream)
+            via._gemm_own(vectors.aligned(a_local), b, out, stream)
             return out
         if self.protocol == "push":
             return self._call_push(via, a_local, b, out, stream)
         fn = via._stream_ops
-        if a_local.is_contiguous() and not a_local.data_ptr() & 15:   # 2 and 4 in one shim call; a_local an op
+        if vectors.is_aligned(a_local):   # 2 and 4 in one shim call; a_local an op
             self._a_local_op.b = a_local.data_ptr()
             self._first.run(fn, stream, "AGGemm")
             a = a_local
@@ -383,14 +383,6 @@ class _Profiled:
         op, m, W = self.op, self.m, self.op.world_size
         launch = self.rec.launcher(op.kernel, instrumented=self.prof[1], tiles=self.tiles[1], end=True)
         launch(op.a_full.view(W, op.rows, op.K), b, c.view(W, m, op.N), op.arrived, *op._tail(1, m))
-
-
-def _tma_ready(a):
-    """`a` itself when TMA can load it (contiguous, 16-byte aligned), else a copy that is (a new allocation is
-    aligned; ``contiguous()`` alone would return a misaligned contiguous tensor as it is)."""
-    if a.is_contiguous():
-        return a if not a.data_ptr() & 15 else a.clone()
-    return a.contiguous()
 
 
 @op_cache.cached(16, close_evicted=False)

@@ -74,7 +74,7 @@ import tilescale
 import tilescale.language as T
 
 from ..runtime import topology
-from . import checks, op_cache, registry
+from . import checks, op_cache, registry, vectors
 from .base import DoubleBuffered
 from .vectors import COUNTER, PASS_CONFIGS, SIGNAL
 
@@ -199,8 +199,7 @@ class AllGatherHierarchical(DoubleBuffered):
 
     def __call__(self, x, out=None):
         stream = self.begin(x, out)
-        if not x.is_contiguous() or x.data_ptr() % 16:
-            x = x.contiguous() if not x.is_contiguous() else x.clone()  # whole 16-byte vectors
+        x = vectors.aligned(x)   # whole 16-byte vectors
         if self._direct is not None:
             self.launch_direct(x.data_ptr(), *self._ptrs, self.n, stream)
         else:

@@ -68,10 +68,24 @@ def numel(shape) -> int:
     return math.prod(shape)
 
 
+def is_aligned(t) -> bool:
+    """Whether `t` is contiguous at a 16-byte aligned address: what TMA, the copy engines' fast path and the
+    kernels' 16-byte vector loads read in place."""
+    return t.is_contiguous() and not t.data_ptr() & 15
+
+
+def aligned(t):
+    """`t` itself when :func:`is_aligned`, else a copy that is (a new allocation is aligned; ``contiguous()``
+    alone returns a misaligned contiguous tensor as it is)."""
+    if t.is_contiguous():
+        return t if not t.data_ptr() & 15 else t.clone()
+    return t.contiguous()
+
+
 def vector_view(t, shape: tuple):
     """`t` seen as `shape` (..., VEC) without a copy when it is contiguous, 16-byte aligned and holds
     exactly that many elements; else None (the caller stages it)."""
-    if t.is_contiguous() and t.data_ptr() % 16 == 0 and t.numel() == numel(shape):
+    if is_aligned(t) and t.numel() == numel(shape):
         return t.view(shape)
     return None
 
