@@ -1,4 +1,4 @@
-"""tilescale.ops.vectors' one place for "read in place": contiguous at a 16-byte aligned address, else an aligned copy."""
+"""tilescale.ops.vectors: "read in place" (contiguous at a 16-byte aligned address), else an aligned copy."""
 import torch
 
 from tilescale.ops import vectors
