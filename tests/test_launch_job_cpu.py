@@ -75,3 +75,40 @@ def test_the_start_time_names_a_running_process_only():
     finally:
         proc.kill()
         proc.wait()
+
+
+def _fake_mps_daemon(pipe: str | None, user: int | None = None) -> subprocess.Popen:
+    """A process named nvidia-cuda-mps-control (argv[0]), with `pipe` as its CUDA_MPS_PIPE_DIRECTORY (None: unset),
+    run as `user` (None: this user)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}
+    if pipe is not None:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
+    proc = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 60"], env=env,
+                            preexec_fn=(lambda: os.setuid(user)) if user is not None else None)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:           # until the exec named it
+        try:
+            if open(f"/proc/{proc.pid}/cmdline", "rb").read().startswith(b"nvidia-cuda-mps-control"):
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("the stand-in daemon did not start")
+
+
+def test_only_this_users_mps_daemon_of_this_pipe_directory_is_used(tmp_path):
+    mine = _fake_mps_daemon(str(tmp_path / "pipe"))
+    procs = [mine]
+    try:
+        assert launch_job.own_mps_daemon(str(tmp_path / "pipe")) == mine.pid
+        assert launch_job.own_mps_daemon(str(tmp_path / "other")) is None
+        if os.getuid() == 0:                     # another user's daemon on the same pipe directory is not used
+            mine.kill()
+            mine.wait()
+            theirs = _fake_mps_daemon(str(tmp_path / "pipe"), user=65534)
+            procs.append(theirs)
+            assert launch_job.own_mps_daemon(str(tmp_path / "pipe")) is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -302,7 +302,7 @@ def test_mps_started_only_when_asked_and_stopped_after(tmp_path):
         subprocess.run([str(fake), "-d"], check=True, timeout=30)
         log.write_text("")
         r = _run_shared(tmp_path, 1, 2, {"TILESCALE_RANKS_PER_GPU": "2", "TILESCALE_MPS": "1"}, path_dir=bin_dir)
-        assert r.returncode == 0 and "an MPS daemon already runs" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "an MPS daemon of this user already serves" in r.stdout, r.stdout + r.stderr
         assert log.read_text() == "" and _mps_daemons(), "launch.sh touched a daemon it did not start"
         # without TILESCALE_MPS, or with one rank per GPU, nothing is started
         subprocess.run(["pkill", "-f", "^nvidia-cuda-mps-control -d"], timeout=30)

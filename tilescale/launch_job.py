@@ -69,6 +69,33 @@ def _start_time(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"     # the MPS pipe directory where CUDA_MPS_PIPE_DIRECTORY is not set
+
+
+def own_mps_daemon(pipe: str) -> int | None:
+    """The pid of an MPS control daemon of this user that serves the pipe directory `pipe` (its
+    CUDA_MPS_PIPE_DIRECTORY, or the default), else None: another user's daemon, or one of another pipe directory,
+    cannot serve this job's ranks."""
+    uid, want = os.getuid(), os.path.realpath(pipe)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{d}").st_uid != uid:
+                continue
+            argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0", 1)[0].split(b" ", 1)[0]
+            if os.path.basename(argv0) != b"nvidia-cuda-mps-control":
+                continue
+            env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        theirs = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")),
+                      MPS_DEFAULT_PIPE)
+        if os.path.realpath(theirs) == want:
+            return int(d)
+    return None
+
+
 class Job:
     """One launch's processes, MPS daemon, temporary directories and shared-GPU job directory."""
 
@@ -151,10 +178,11 @@ class Job:
         if shutil.which("nvidia-cuda-mps-control") is None:
             raise LaunchError("TILESCALE_MPS=1 but nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA "
                               "driver); unset TILESCALE_MPS to run the ranks time-sliced")
-        if subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-control -d"], capture_output=True).returncode == 0:
-            pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "<default>")
-            print(f"tilescale run: an MPS daemon already runs: using it as it is (CUDA_MPS_PIPE_DIRECTORY={pipe}); "
-                  "not stopping it after", flush=True)
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_DEFAULT_PIPE)
+        pid = own_mps_daemon(pipe)
+        if pid is not None:
+            print(f"tilescale run: an MPS daemon of this user already serves CUDA_MPS_PIPE_DIRECTORY={pipe} (pid "
+                  f"{pid}): using it as it is; not stopping it after", flush=True)
             return
         d = tempfile.mkdtemp(prefix="tilescale-mps.")
         os.makedirs(f"{d}/pipe")
