@@ -37,7 +37,7 @@ KEY = diagnostics.failure_key(GEN)
 def fake_rt(rank):
     info = types.SimpleNamespace(rank=rank, world_size=2)
     return types.SimpleNamespace(info=info, wait_diag=torch.zeros(128, dtype=torch.uint8), watchdog=None,
-                                 generation=GEN)
+                                 generation=GEN, init_timeout_s=300.0)
 
 
 @pytest.fixture
@@ -265,6 +265,27 @@ def test_finalize_alone_gives_up_within_the_bound_and_tells_the_others(monkeypat
     who, told, wait = diagnostics.parse_failure(store.get(diagnostics.failure_key(7)).decode())
     assert (who, wait) == (1, False) and told.startswith("WaitTimeoutError: rank 1: tilescale.finalize() gave up")
     assert rt.closed and runtime._RT is None and rt.watchdog.stop.is_set()
+
+
+def test_finalize_waits_for_the_host_lock_as_long_as_init_did(monkeypatch):
+    """The shared-GPU mode's host lock at finalize() is waited for as long as init_distributed(timeout_s=...) waited
+    for it (before: 300 s whatever the job chose)."""
+    from tilescale import runtime
+
+    rt = fake_rt(0)
+    rt.watchdog = types.SimpleNamespace(store=FakeStore(), reported=False, stop=threading.Event())
+    rt.closed, rt.generation, rt.mpg_lock_holder, rt.init_timeout_s = False, 3, True, 42.0
+    waits = []
+
+    def acquire(timeout_s, what):
+        waits.append((timeout_s, what))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(runtime, "_RT", rt)
+    monkeypatch.setattr(runtime, "_mpg_lock", types.SimpleNamespace(acquire=acquire, release=lambda: None))
+    with pytest.raises(RuntimeError, match="stop here"):
+        runtime.finalize()
+    assert waits == [(42.0, "rank 0: tilescale.finalize()")]
 
 
 def test_finalize_after_a_trapped_kernel_only_closes(monkeypatch):

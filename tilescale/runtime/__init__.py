@@ -144,6 +144,7 @@ class Runtime:
         self.module_names: dict[int, str] = {}      # id(ctypes lib) -> the kernel it was initialised for
         self.closed = False
         self.mpg_lock_holder = False   # holds tilescale.mpg_lock's host lock while NVSHMEM starts / stops
+        self.init_timeout_s = 300.0    # init_distributed's timeout_s: also finalize's bound on the host lock
         # world_size + 1 symmetric words behind every barrier of tilescale (ops.cuh: barrier_one_thread)
         self.barrier_words = shim.ts_malloc_zeroed(8 * (info.world_size + 1)) if shim is not None else None
         self._barrier_fn = None
@@ -295,7 +296,7 @@ def init_distributed(*, timeout_s: float = 300.0) -> DistInfo:
             log.info("shared-GPU mode: rank %d on cuda:%d with %d other rank(s) of this node; torch.distributed on "
                      "gloo only; timings mean nothing", rank, device, devices.count(device) - 1)
         _RT = Runtime(info, install, shim, ctrl, created, _GENERATION)
-        _RT.mpg_lock_holder = holder
+        _RT.mpg_lock_holder, _RT.init_timeout_s = holder, float(timeout_s)
         if not _RT.barrier_words:
             _RT = None
             raise TileScaleError(f"rank {rank}: could not allocate tilescale's barrier words on the symmetric heap "
@@ -412,7 +413,7 @@ def finalize() -> None:
     # NVSHMEM's shutdown unlinks its per-GPU slab by a name other jobs on this host use too: in the shared-GPU
     # mode the lowest rank of each host holds the host lock from before the ranks agree until the shutdown is over.
     if rt.mpg_lock_holder:
-        _mpg_lock.acquire(300.0, f"rank {rt.info.rank}: tilescale.finalize()")
+        _mpg_lock.acquire(rt.init_timeout_s, f"rank {rt.info.rank}: tilescale.finalize()")
     try:
         _teardown(rt)
     finally:
