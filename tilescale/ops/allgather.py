@@ -202,8 +202,8 @@ class AllGather(DoubleBuffered):
         else:
             stream = self.begin(x, out)
         p = x.data_ptr()
-        if not vectors.is_aligned(x):
-            x = vectors.aligned(x)   # whole 16-byte vectors
+        if p & 15 or not x.is_contiguous():   # vectors.is_aligned, written out: no Python call on the fast path
+            x = vectors.aligned(x)               # whole 16-byte vectors
             p = x.data_ptr()
         prof = profiling.current
         if prof is None:
