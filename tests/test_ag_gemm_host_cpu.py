@@ -323,12 +323,7 @@ def test_calls_of_fewer_rows_copy_and_pull_only_their_rows(fake_cuda, W, rank, n
     rb = op.K * 2
     for m, chunks in ((5, [(0, 4), (4, 1)]), (3, [(0, 3), (3, 0)]), (8, [(0, 4), (4, 4)]), (1, [(0, 1), (1, 0)])):
         a, b, c = _args(op, contiguous, m)
-        with log.Mode():
-            assert op(a, b, out=c) is c
-        fast, log.ops = log.ops, []
-        with log.Mode(), profiled(log) as rec:
-            assert op(a, b, out=c) is c
-        steps, log.ops = log.ops, []
+        fast, steps, rec = _fast_then_steps(log, op, a, b, c)
         assert fast == steps and op.m == m
         assert op.chunk_rows(m) == chunks
         assert [r[-1] for r in rec.records if r[1] == "copy_done"] == [n * rb for _ in range(W - 1) for _, n in chunks]
@@ -373,6 +368,18 @@ def profiled(log):
     rec = Recorder(log)
     with mock.patch.object(session, "current", object()), mock.patch.object(session, "call", lambda *a, **k: rec):
         yield rec
+
+
+def _fast_then_steps(log, op, a, b, c):
+    """(fast, steps, record): what the fast path issues for ``op(a, b, out=c)`` (the first call of these rows: it sets
+    the sizes), then what a profiled call of the same issues, and that call's profiler record."""
+    with log.Mode():
+        assert op(a, b, out=c) is c
+    fast, log.ops = log.ops, []
+    with log.Mode(), profiled(log) as rec:
+        assert op(a, b, out=c) is c
+    steps, log.ops = log.ops, []
+    return fast, steps, rec
 
 
 def _both_paths(log, op, a, b, c):
@@ -850,12 +857,7 @@ def test_push_calls_of_fewer_rows_copy_and_flag_exactly_their_chunks(fake_cuda, 
     for m, chunks in ((5, [(0, 4), (4, 1)]), (3, [(0, 3), (3, 0)]), (8, [(0, 4), (4, 4)]), (1, [(0, 1), (1, 0)])):
         a, b, c = _args(op, contiguous, m)
         a.copy_(torch.arange(a.numel(), dtype=torch.float16).view(m, op.K) + 1)
-        with log.Mode():
-            assert op(a, b, out=c) is c
-        fast, log.ops = log.ops, []
-        with log.Mode(), profiled(log) as rec:
-            assert op(a, b, out=c) is c
-        steps, log.ops = log.ops, []
+        fast, steps, rec = _fast_then_steps(log, op, a, b, c)
         assert fast == steps and op.m == m and op.chunk_rows(m) == chunks
         assert [r[-1] for r in rec.records if r[1] == "copy_done"] == [n * rb for _ in range(W - 1) for _, n in chunks]
         assert rec.tiles == [-(-m // 4), -(-m // 4) * (W - 1)]   # each GEMM's blocks of this call (block_m 4)

@@ -156,10 +156,8 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         # (stream writes); of another node: None (NVSHMEM gets and signals)
         topo = topology.current()
         near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
-        info = self.rt.info
-        same_gpu = info.same_gpu
-        shared = info.shared_gpu or len(set(info.node_devices)) < len(info.node_devices)
-        self.protocol = protocol_for(W, self.rank, near, same_gpu, shared)
+        same_gpu = self.rt.info.same_gpu
+        self.protocol = protocol_for(W, self.rank, near, same_gpu, self.rt.info.shared_gpu)
         # push: one copy stream; pull: a copy stream per peer (step 4), then the local stream (step 2)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(1 if self.protocol == "push" else W)]
         # pulls that need an SM are done before the second GEMM (step 4)
