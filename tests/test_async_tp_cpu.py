@@ -336,6 +336,17 @@ def test_switch_overrides_torchs_python_kernels_where_impl_refuses_by_default(fa
     assert [kernel_file(op, "CUDA") for op in (AG, RS)] == [TORCHS, TORCHS]
 
 
+def test_switch_takes_one_device_type_or_a_sequence(fake_group, no_switch):
+    """A device type alone is one type (not its letters); an empty or non-string one is refused, naming it."""
+    fake_group(2)
+    with inductor_async_tp.use_for_inductor_async_tp(enable_pass=False, device_types="cpu") as sw:
+        assert sw.device_types == ("cpu",) and kernel_file(AG, "CPU") == OURS
+    for bad in ((), ["cuda", 3]):
+        with pytest.raises(TypeError, match=r"use_for_inductor_async_tp: device_types: got .*expected a device type"):
+            inductor_async_tp.use_for_inductor_async_tp(enable_pass=False, device_types=bad)
+        assert inductor_async_tp.installed() is None
+
+
 def test_switch_puts_back_the_pass_setting_it_found(fake_group, no_switch):
     import torch._inductor.config as inductor_config
 

@@ -130,17 +130,22 @@ def use_for_inductor_async_tp(*, enable_pass: bool = True, device_types: Sequenc
         enable_pass: also turn the pass on (``torch._inductor.config._micro_pipeline_tp``, put back by remove())
             and mark the whole world's group for symmetric memory (the pass fuses only marked groups): needs
             torch.distributed initialised (``tilescale.init_distributed()``). False: the kernels only.
-        device_types: the device types whose kernels are replaced: ``("cuda",)``; the CPU tests add ``"cpu"``
-            (torch has no CPU kernel of these ops) to run them in a simulated world.
+        device_types: the device types whose kernels are replaced (one, or a sequence): ``("cuda",)``; the CPU
+            tests add ``"cpu"`` (torch has no CPU kernel of these ops) to run them in a simulated world.
 
     Raises:
         RuntimeError: already installed (one at a time: remove the other first), or torch.distributed not
             initialised with `enable_pass`.
+        TypeError: `device_types` neither a device type nor a non-empty sequence of them.
     """
     global _installed
+    types = (device_types,) if isinstance(device_types, str) else tuple(device_types)
+    if not types or not all(isinstance(t, str) and t for t in types):
+        raise TypeError(f"use_for_inductor_async_tp: device_types: got {device_types!r}, expected a device type or "
+                        "a non-empty sequence of them, such as ('cuda',)")
     if _installed is not None:
         raise RuntimeError(f"use_for_inductor_async_tp: already installed ({_installed!r}): remove() it first")
-    _installed = InductorAsyncTP(tuple(device_types), enable_pass)
+    _installed = InductorAsyncTP(types, enable_pass)
     return _installed
 
 
