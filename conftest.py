@@ -9,7 +9,8 @@
 * Device-side waits of kernels built by the tests are bounded (``TILESCALE_WAIT_TIMEOUT_S=30``) unless
   the caller chose otherwise. The user's kernel caches are kept (speed); tests that need a cold cache
   make their own temporary one.
-* torch's inductor cache (made when torch._dynamo loads) goes to a folder of the run's own, removed at its end.
+* torch's inductor cache (made when torch._dynamo loads) goes to a folder of the run's own, removed at its end;
+  inductor precompiles no C++ headers (torch puts them in /tmp/torchinductor_<user> whatever the cache folder).
 * So do pytest's temporary folders (``tmp_path``), unless ``--basetemp`` names one: under pytest's default,
   /tmp/pytest-of-<user>, each run deletes all but the newest three runs' folders, those of a run still going beside
   it too (two runs side by side: one's tests found their ``tmp_path`` gone).
@@ -36,6 +37,9 @@ def pytest_configure(config):
     # torch._dynamo (loaded by tilescale.ops.torch_ops and by torch.compile) makes its cache folder,
     # /tmp/torchinductor_<user>, as it loads: the tests (and the jobs they start) use one of their own, removed
     # when the run ends, so a test run leaves nothing in /tmp.
+    # Inductor's precompiled C++ headers (its CPU kernels) go to /tmp/torchinductor_<user> whatever
+    # TORCHINDUCTOR_CACHE_DIR says (torch._inductor.codecache._HEADER_DIR): the tests compile without them.
+    os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         config._tilescale_inductor_dir = tempfile.mkdtemp(prefix="tilescale-tests-inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._tilescale_inductor_dir

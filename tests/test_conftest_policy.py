@@ -148,3 +148,24 @@ def test_a_run_has_temporary_folders_of_its_own(tmp_path):
     chosen = tmp_path / "chosen"
     r = _pytest(tmp_path, "def test_where(tmp_path):\n    print('TMP', tmp_path)\n", "-s", f"--basetemp={chosen}")
     assert f"TMP {chosen / 'test_where0'}" in r.stdout, r.stdout
+
+
+def test_an_inductor_compile_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """torch.compile on CPU under the conftest leaves the temporary folder as it found it: the inductor cache is the
+    run's own, and no precompiled C++ headers go to <tmp>/torchinductor_<user> (torch puts them there whatever
+    TORCHINDUCTOR_CACHE_DIR says; .ci/run fails on anything left in /tmp)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    body = ("import torch\n\ndef test_compile():\n"
+            "    f = torch.compile(lambda x: (x * 2 + 1).relu())\n"
+            "    x = torch.randn(64)\n"
+            "    assert torch.equal(f(x), (x * 2 + 1).relu())\n")
+    shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_sample.py").write_text(body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TILESCALE_WAIT"))}
+    env["TMPDIR"] = str(tmp)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout
+    assert sorted(p.name for p in tmp.iterdir()) == [], r.stdout
