@@ -21,6 +21,7 @@ from tilescale.ops import allgather_gemm as agm  # noqa: E402
 from tilescale.ops import base, checks  # noqa: E402
 from tilescale.ops import stream_ops as so  # noqa: E402
 from tilescale.profiler import session  # noqa: E402
+from tilescale.runtime.team import Team  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MAIN, PULLED0, JOIN0, START, COPIED = 0x5000, 0x7000, 0x7100, 0x7200, 0x7300
@@ -242,11 +243,12 @@ def _shim(log):
     return SimpleNamespace(ts_stream_ops=program)
 
 
-def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull"):
+def _ag_gemm(log, W, rank, near, *, direct=True, gpu=(), protocol="pull", team=None):
     """An AGGemm without GPU pieces: CPU buffers, fake streams, flags at made-up addresses; peers in `near` are on
-    this node (a view of their A_full), the others are reached with NVSHMEM; peers in `gpu` share this rank's GPU."""
+    this node (a view of their A_full), the others are reached with NVSHMEM; peers in `gpu` share this rank's GPU.
+    `team`: the op's group (tilescale.runtime.team; None: the world), W and rank being its size and this rank's."""
     op = object.__new__(agm.AGGemm)
-    op.device, op.world_size, op.rank = torch.device("cpu"), W, rank
+    op.device, op.world_size, op.rank, op.team = torch.device("cpu"), W, rank, team
     op._check = checks.CallCheck("AGGemm")
     op._agreed = op._check.agreed
     op._order = checks.StreamOrder(op.device)
@@ -897,3 +899,15 @@ def test_push_gathered_copies_my_rows_in_once(fake_cuda):
     with log.Mode():
         op.gathered()
     assert log.ops == []
+
+
+@pytest.mark.parametrize("team,pes", [(None, [1]), (Team(1, 2, 2), [3]), (Team(4, 1, 3), [5, 6])])
+def test_nvshmem_gets_and_signals_of_a_group_address_its_world_ranks(fake_cuda, team, pes):
+    """An op of a group (rank 0 of it) pulls its peers' rows with NVSHMEM gets, and signals their flags with NVSHMEM
+    adds, at the peers' world ranks (PEs): team rank p is PE start + stride * p; without a group, PE p."""
+    W = 2 if team is None else team.size
+    op = _ag_gemm(fake_cuda, W, 0, near=(), team=team)
+    ops = [(o.kind, o.stream, o.a, o.b, o.n, o.pe) for prog in (op._first, op._pre, op._post) for o in prog.array]
+    gets = sorted({o[5] for o in ops if o[0] == so.GET})
+    signals = sorted({o[5] for o in ops if o[0] == so.SIGNAL_ADD})
+    assert gets == pes and signals == pes, (gets, signals)

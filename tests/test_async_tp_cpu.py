@@ -244,6 +244,7 @@ def test_drop_ins_fall_back_to_torch(world, monkeypatch, caplog):
     assert seen == [("ag", "tp_subgroup", {"return_A": True}), ("rs", "max", "world"), ("rs", "sum", "world"),
                     ("ag", "world", {"return_A": False})]
     assert "group 'tp_subgroup' is not the whole world" in caplog.text and "reduce_op 'max'" in caplog.text
+    assert "torch.ops.symm_mem.fused_all_gather_matmul (group 'tp_subgroup'" in caplog.text
     assert "dtype torch.float64" in caplog.text and "dtype torch.float32" in caplog.text
 
 

@@ -33,7 +33,7 @@ def world(monkeypatch):
         monkeypatch.setattr(agm, "_fn_check", lambda *a: None)     # (the checks of a CUDA tensor)
 
         class FakeAGGemm:
-            def __init__(self, M, N, K, dtype, *, config=None, split=True):
+            def __init__(self, M, N, K, dtype, *, config=None, split=True, group=None):
                 self.M, self.rows, self.a_full = M, M // W, torch.empty(0)
                 self.jobs = agm.kernels(M, N, K, W, checks.dtype_name(dtype), config=config, sms=132 if split else 0)
                 built.append(self)
@@ -46,7 +46,7 @@ def world(monkeypatch):
                 return torch.empty(0)
 
         class FakeGemmRS:
-            def __init__(self, M, N, K, dtype, *, config=None):
+            def __init__(self, M, N, K, dtype, *, config=None, group=None):
                 self.M, self.rows = M, M // W
                 self.jobs = grs.kernels(M, N, K, W, checks.dtype_name(dtype), config=config, sms=132)
                 built.append(self)

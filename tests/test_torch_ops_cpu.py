@@ -318,7 +318,7 @@ class FakeAGGemm:
     """An AGGemm of a bound of rows per rank (a power of two, at least 128) taking any rows up to it, mirror world:
     its gathered A is its buffer after a call of the bound's rows (the function returns a copy), else a copy."""
 
-    def __init__(self, M, N, K, dtype, *, config=None, split=True):
+    def __init__(self, M, N, K, dtype, *, config=None, split=True, group=None):
         W = runtime.current().info.world_size
         assert M % W == 0 and (M // W) & (M // W - 1) == 0 and M // W >= 128 and not split, (M, W, split)
         self.M, self.W, self.a_full = M, W, torch.empty(M, K, dtype=dtype)
@@ -338,7 +338,7 @@ class FakeAGGemm:
 class FakeGemmRS:
     """A GemmRS of a bound of rows per rank (a power of two, at least 128) taking any rows up to it, mirror world."""
 
-    def __init__(self, M, N, K, dtype, *, config=None):
+    def __init__(self, M, N, K, dtype, *, config=None, group=None):
         W = runtime.current().info.world_size
         assert M % W == 0 and (M // W) & (M // W - 1) == 0 and M // W >= 128, (M, W)
         self.M, self.W = M, W
@@ -355,7 +355,7 @@ def test_ag_gemm_and_gemm_rs_take_any_rows(monkeypatch, W, rows):
     monkeypatch.setattr(ag_gemm_mod, "AGGemm", FakeAGGemm)
     ag_gemm_mod._cached.cache_clear()
     monkeypatch.setattr(gemm_rs_mod, "GemmRS", FakeGemmRS)
-    monkeypatch.setattr(gemm_rs_mod, "default_path", lambda W, K=None: "push")
+    monkeypatch.setattr(gemm_rs_mod, "default_path", lambda W, K=None, team=None: "push")
     gemm_rs_mod._cached.cache_clear()
     bf = torch.bfloat16
     a, b = randn(rows, 64, seed=1, dtype=bf), randn(64, 32, seed=2, dtype=bf)

@@ -21,6 +21,9 @@ class MirrorWorld:
     def world_size(self):
         return self.W
 
+    def group_size(self, group_name):
+        raise ValueError(f"group {group_name!r} is not the whole world (a mirror world has no other group)")
+
     def rank(self):
         return self.r
 
@@ -71,10 +74,21 @@ class ThreadWorld:
         self.barrier = threading.Barrier(W, timeout=60)
         self.calls = []
         self.world_names = {None, "world"}
+        self.groups = {}                        # name -> the world ranks of a subgroup (tests add theirs)
         self.ag_gemm_ns = []                    # rank 0's
 
     def world_size(self):
         return self.W
+
+    def group_size(self, group_name):
+        if group_name not in self.groups:
+            raise ValueError(f"no group {group_name!r}")
+        return len(self.groups[group_name])
+
+    def _members(self, every, group):
+        """(this rank's index in `group`, the items of `every` of its ranks; None: the world)."""
+        ranks = range(self.W) if group is None else self.groups[group]
+        return list(ranks).index(self.local.rank), [every[r] for r in ranks]
 
     def rank(self):
         return self.local.rank
@@ -93,13 +107,14 @@ class ThreadWorld:
         if self.local.rank == 0:
             self.calls.append(what)
 
-    def all_gather(self, x):
-        self._log("all_gather")
-        return torch.cat(self._exchange(x))
+    def all_gather(self, x, group=None):
+        self._log("all_gather" if group is None else f"all_gather {group}")
+        return torch.cat(self._members(self._exchange(x), group)[1])
 
-    def reduce_scatter(self, x, W):
-        self._log("reduce_scatter")
-        return sum(self._exchange(x)).chunk(W)[self.local.rank].contiguous()
+    def reduce_scatter(self, x, W, group=None):
+        self._log("reduce_scatter" if group is None else f"reduce_scatter {group}")
+        i, xs = self._members(self._exchange(x), group)
+        return sum(xs).chunk(W)[i].contiguous()
 
     def all_reduce_(self, x):
         self._log("all_reduce")
@@ -115,16 +130,17 @@ class ThreadWorld:
         self._log("broadcast")
         x.copy_(self._exchange(x.clone())[src])
 
-    def ag_gemm(self, a, b, return_gathered):
-        self._log("ag_gemm")
+    def ag_gemm(self, a, b, return_gathered, group=None):
+        self._log("ag_gemm" if group is None else f"ag_gemm {group}")
         if self.local.rank == 0:
             self.ag_gemm_ns.append(b.shape[1])
-        a_full = torch.cat(self._exchange(a))
+        a_full = torch.cat(self._members(self._exchange(a), group)[1])
         return a_full @ b, (a_full if return_gathered else None)
 
-    def gemm_rs(self, x, w):
-        self._log("gemm_rs")
-        return sum(self._exchange(x @ w)).chunk(self.W)[self.local.rank].contiguous()
+    def gemm_rs(self, x, w, group=None):
+        self._log("gemm_rs" if group is None else f"gemm_rs {group}")
+        i, ps = self._members(self._exchange(x @ w), group)
+        return sum(ps).chunk(len(ps))[i].contiguous()
 
     def run(self, fn):
         """fn(rank) on every rank (thread); the results by rank; re-raises the first error."""

@@ -56,7 +56,7 @@ from .operands import (
 )
 
 __all__ = [
-    "get_rank", "get_num_ranks", "call_number",
+    "get_rank", "get_num_ranks", "team_rank", "team_pe", "call_number",
     "put_block", "put_warp", "put_thread", "put_block_nbi", "put_warp_nbi", "put_thread_nbi",
     "get_block", "get_warp", "get_thread", "get_block_nbi", "get_warp_nbi", "get_thread_nbi",
     "put_signal_block", "put_signal_warp", "put_signal_thread",
@@ -93,6 +93,18 @@ def get_rank() -> tirx.PrimExpr:
 def get_num_ranks() -> tirx.PrimExpr:
     """Number of PEs (device side). torch equivalent: ``dist.get_world_size()``."""
     return T.call_extern("int32", "nvshmem_n_pes")
+
+
+def team_rank(team=None):
+    """This rank's index in `team`, a kernel's compile-time group (:class:`tilescale.runtime.team.Team`: world ranks
+    start, start + stride, ...; None: the whole world, ``get_rank()``). torch: ``dist.get_rank(group)``."""
+    return get_rank() if team is None else team.index(get_rank())
+
+
+def team_pe(team, i):
+    """The PE (world rank) of rank `i` of `team` (None: the whole world, `i` itself): the ``dst_pe`` / ``src_pe`` of
+    a peer named by its rank in the kernel's group. torch: ``dist.get_global_rank(group, i)``."""
+    return i if team is None else team.pe(i)
 
 
 def call_number(counters, *, scope="block") -> tirx.PrimExpr:

@@ -30,14 +30,14 @@ SPLIT_SIZES = ("work_tiles", "tail_words")
 
 @T.macro
 def _ag_tile(A, B, C, As, Bs, Cl, Cs, arrived, prof, by, bx, slot, split, m, *, W: int, chunks: int, elem: int,
-             stages: int, threads: int, profile: bool, own: bool):
+             stages: int, threads: int, profile: bool, own: bool, team=None):
     """One block of :func:`ag_gemm_kernel`: the tile (`by`: row of the kernel's grid, `bx`: column), its chunk's
     wait, its timestamps in ``prof[slot * TILE_WORDS:]``; `m`: the call's rows per rank; `split`: None (the whole
     tile), or (work, arrived, fixed, tile, slice, first K tile, K tiles, first tail tile, slices) of a split grid
     (tilescale.ops.gemm.split_tile_loop)."""
     block_m = As.shape[0]
     tiles_per_rank = T.ceildiv(m, block_m)
-    me = T.get_rank()
+    me = T.team_rank(team)
     if own:
         t, src = by, me
         chunk = t // chunk_tiles(tiles_per_rank, m, A.shape[-1], chunks, elem)
@@ -101,7 +101,7 @@ def grid_plan(M: int, N: int, K: int, world_size: int, block_m: int, block_n: in
 @tilescale.jit
 def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "bfloat16", block_m: int = 128,
                    block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
-                   profile: bool = False, own: bool = False, sms: int = 0):
+                   profile: bool = False, own: bool = False, sms: int = 0, team=None):
     """A GEMM of :class:`AGGemm`, on one part of the rows of ``C = A_full @ B`` (W x m rows, N columns), the rows
     per rank `m` a run-time argument (one build serves every row count):
 
@@ -122,6 +122,9 @@ def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "b
     on `sms` SMs, as the kernel built for its rows alone would split them (slices 1, tail 0: none split). It then
     takes ``work, tail_arrived, tail_fixed`` (tilescale.ops.gemm.split_workspace, of run-time sizes: for the
     largest of the plans it serves) and ``slices, tail`` after its other parameters, before `prof`.
+
+    `team`: the ranks of the op's group (tilescale.runtime.team.kernel_team; None: the world): ``me`` is this rank's
+    index in it, and so are the ranks q of the rows.
 
     `profile=True` adds a parameter `prof` (uint64, TILE_WORDS per block of the grid, `prof_words` a run-time
     size) where thread 0 of each block writes its record (tilescale.profiler.device_timeline.TILE_FIELDS: entry,
@@ -146,7 +149,7 @@ def ag_gemm_kernel(N: int, K: int, world_size: int, chunks: int, dtype: str = "b
     Prof = T.Tensor((T.dynamic("prof_words"),), "uint64") if profile else None
     Arrived = None if own else T.Tensor((W * chunk_slots(chunks),), "uint64")
     opts = dict(W=W, chunks=chunks, elem=tvm.DataType(dtype).bits // 8, stages=stages, threads=threads,
-                profile=profile, own=own)
+                profile=profile, own=own, team=team)
 
     @T.prim_func
     def ag_gemm(A: T.Tensor((m, K) if own else (W, T.dynamic("slot_rows"), K), dtype), B: T.Tensor((K, N), dtype),
@@ -200,6 +203,11 @@ def pull_chunks(shard_bytes: int) -> int:
     return max(1, min(PULL_MAX_CHUNKS, shard_bytes // PULL_MIN_BYTES))
 
 
+def splits(args: tuple) -> bool:
+    """Whether :func:`ag_gemm_kernel` called with `args` runs a split grid (its ``sms`` > 0)."""
+    return ag_gemm_kernel.signature.bind(*args).arguments.get("sms", 0) > 0
+
+
 def kernel_plan(args: tuple, M: int) -> SplitPlan:
     """The grid of :func:`ag_gemm_kernel` called with `args` (as :func:`kernels` lists them) for a call of `M`
     gathered rows: its :func:`grid_plan` (a plain grid when the kernel has none split)."""
@@ -219,18 +227,19 @@ def split_space(args: tuple, M: int) -> tuple:
 
 
 def kernels(M: int, N: int, K: int, world_size: int, dtype: str, chunks: int | None = None,
-            config: GemmConfig | None = None, sms: int = 132) -> list:
+            config: GemmConfig | None = None, sms: int = 132, team=None) -> list:
     """[(jit function, args)] of the kernels :class:`AGGemm` compiles for problems of up to `M` gathered rows: the
     GEMM of its own rows, then (world size > 1) the GEMM of the other ranks' rows; the rows are an argument of each
     call, so M only chooses the config (the tuning table's for M) and, per GEMM, the kernel its plan at M takes
     (:func:`grid_plan` on `sms` SMs, 0: no split; tests/gpu/ag_gemm_split_main.py): the plain grid, or the one that
-    splits each call's last wave as its own plan says; `chunks` (None: by each call's rows, :func:`pull_chunks`)."""
+    splits each call's last wave as its own plan says; `chunks` (None: by each call's rows, :func:`pull_chunks`);
+    `team`: the ranks of the op's group (None: the world; its kernels take no team argument)."""
     cfg = problem_config(M, N, K, world_size=world_size, op="ag_gemm", config=config)
     args = (N, K, world_size, chunks or 0, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
             cfg.swizzle, False)
     jobs = []
     for own in ((True, False) if world_size > 1 else (True,)):
         plan = grid_plan(M, N, K, world_size, cfg.block_m, cfg.block_n, cfg.block_k, sms, own)
-        jobs.append((ag_gemm_kernel, (*args, own, sms if plan.split > 1 else 0)))
+        jobs.append((ag_gemm_kernel, (*args, own, sms if plan.split > 1 else 0) + (() if team is None else (team,))))
     return jobs
 

@@ -73,7 +73,8 @@ class PullProtocol:
         (3); the second GEMM (5); ``_post`` (6). `a_full`, `peer_at` (a peer of this node: the address of its
         A_full; else None), `events` (start, copied), `joins`, `pulled`, `arrived`: raw addresses and handles. A copy
         stream's pulls carry the marks of a profiled call's records: ``copies_begin`` before its wait for ``ready``,
-        ``copy_done`` after each chunk's ``arrived`` (its bytes are the call's: the profiled call adds them)."""
+        ``copy_done`` after each chunk's ``arrived`` (its bytes are the call's: the profiled call adds them). Ranks are
+        the op's group's (NVSHMEM's gets and signals take their world ranks: ``self.pe``)."""
         W, r, rows, slots = self.world_size, self.rank, self.rows, self.slots
         peers = [(r + j) % W for j in range(1, W)]
         local = W          # the local stream's index
@@ -89,7 +90,7 @@ class PullProtocol:
             if peer_at[pe] is not None:
                 add(so.WRITE, self._flag_at[flag][pe], 1, stream=stream)
             else:
-                add(so.SIGNAL_ADD, self._flag_at[flag][pe], 1, stream=stream, pe=pe)
+                add(so.SIGNAL_ADD, self._flag_at[flag][pe], 1, stream=stream, pe=self.pe(pe))
 
         def local_steps(stream):                                                               # 2
             for q in peers:
@@ -117,7 +118,7 @@ class PullProtocol:
                     if peer_at[src] is not None:    # a copy-engine pull from the peer's A_full through its mapping
                         add(so.COPY, a_full + off, peer_at[src] + off, n * row_bytes, stream=s)
                     else:   # NVSHMEM's get of the same rows of the peer's buffer (symmetric: one address on every rank)
-                        add(so.GET, a_full + off, a_full + off, n * row_bytes, stream=s, pe=src)
+                        add(so.GET, a_full + off, a_full + off, n * row_bytes, stream=s, pe=self.pe(src))
                     add(so.WRITE, self._arrived_at[src * slots + ch], 1, stream=s)
                     mark("copy_done", s, src, ch)
                 if j < W - 2:

@@ -90,10 +90,11 @@ def default_blocks_per_peer(nbytes_per_rank: int, world_size: int, sms: int = SM
 
 
 @tilescale.jit
-def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat16", threads: int = 512):
+def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat16", threads: int = 512, team=None):
     """Kernel of :class:`AllGather` (one call, the slot of its parity): `x` (n elements) goes to
-    ``out[s, rank]`` on every rank. `n` is a run-time argument, so one build serves every message size;
-    chunks are whole 16-byte vectors (the last block takes the remainder, possibly nothing)."""
+    ``out[s, rank]`` on every rank of `team` (tilescale.runtime.team; None: the world). `n` is a run-time argument,
+    so one build serves every message size; chunks are whole 16-byte vectors (the last block takes the remainder,
+    possibly nothing)."""
     n = T.dynamic("n")
     W, bpp = world_size, blocks_per_peer
     vec = 16 // (tvm.DataType(dtype).bits // 8)  # elements per 16-byte vector
@@ -106,11 +107,12 @@ def allgather_kernel(world_size: int, blocks_per_peer: int, dtype: str = "bfloat
             e = T.call_number(counters)
             s = T.cast((e - 1) % 2, "int32")     # this call's slot
             r = (e + 1) // 2                      # calls that have used slot s, this one included
-            me = T.get_rank()
+            me = T.team_rank(team)
             peer = (me + j) % W
             size = T.max(T.min(chunk, n - b * chunk), 0)
             lo = T.min(b * chunk, n - 1)  # in bounds even when size is 0 (else tilelang would skip the signal)
-            T.put_signal_block(x[lo], out[s, me, lo], arrived[s, me], size=size, value=1, sig_op="add", dst_pe=peer)
+            T.put_signal_block(x[lo], out[s, me, lo], arrived[s, me], size=size, value=1, sig_op="add",
+                               dst_pe=T.team_pe(team, peer))
             L = j * bpp + b
             if L < W:
                 if T.get_thread_binding() == 0:
@@ -131,7 +133,8 @@ class AllGather(DoubleBuffered):
     """AllGather of `(rows, *cols)` shards of `dtype` into a `(W * rows, *cols)` output.
 
     Collective to construct (allocates symmetric buffers); calls must be made in the same order on every
-    rank, on one stream. ``ag(x)`` returns the output slot this call wrote (see the module docstring: valid
+    rank, on one stream. `group`: the ranks it gathers from (tilescale.runtime.team; None: the world), W being
+    their number. ``ag(x)`` returns the output slot this call wrote (see the module docstring: valid
     for work enqueued before the next call); ``ag(x, out=t)`` also copies it into `t` (no copy when `t` is
     that slot). ``ag.out`` is the slot the last call wrote, ``ag.next_out`` the one the next call writes,
     ``ag.buffers`` both. Capturable in a CUDA graph; once captured, results are copies taken by the device's
@@ -146,12 +149,12 @@ class AllGather(DoubleBuffered):
     _record = None   # the constant part of its profiler records (_quick_record)
     _timed = None    # its timed call for the runtime shim (_timed_call)
 
-    def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512):
+    def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512, group=None):
         import torch
 
         # a rank whose arguments are invalid must not raise alone (every rank raises if the arguments differ,
         # or if they are invalid on any rank)
-        with self.arguments(shape=shape, dtype=dtype, blocks_per_peer=blocks_per_peer, threads=threads):
+        with self.arguments(shape=shape, dtype=dtype, blocks_per_peer=blocks_per_peer, threads=threads, group=group):
             self.shape = checks.as_shape("AllGather", "shape", shape, lo=1, min_dims=1,
                                          sizes="a non-empty shard shape (rows, *cols): sizes >= 1")
             checks.as_dtype("AllGather", "dtype", dtype, checks.COPY_DTYPES)
@@ -165,8 +168,9 @@ class AllGather(DoubleBuffered):
         self.make_slots((W * self.shape[0], *self.shape[1:]), dtype, n)
         self.arrived = self.symmetric((2, W), torch.uint64, zero=True)
         tl_dtype = str(dtype).replace("torch.", "")
-        self.kernel, self._direct = self.build(allgather_kernel, (W, self.blocks_per_peer, tl_dtype, threads),
-                                               ("x", "out", "arrived", "counters", "n"))
+        args = (W, self.blocks_per_peer, tl_dtype, threads)
+        self.kernel, self._direct = self.build(allgather_kernel, args if self.kernel_team is None
+                                               else (*args, self.kernel_team), ("x", "out", "arrived", "counters", "n"))
         self.launch_path = "direct" if self._direct is not None else "tilelang"  # how __call__ launches
         if self._direct is not None:   # (its 6 parameters: the names above and the stream; session.timed_call)
             self._entry = ctypes.cast(self._direct[0], ctypes.c_void_p).value
@@ -264,15 +268,19 @@ class AllGather(DoubleBuffered):
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(shape, dtype, world_size):
-    return AllGather(shape, dtype)
+def _cached(shape, dtype, world_size, group=None):
+    return AllGather(shape, dtype, group=group)
 
 
 _fn_check = checks.CallCheck("all_gather")
 _fn_into_check = checks.CallCheck("all_gather_into_tensor")
 
 
-def _validate_shard(op: str, x) -> None:
+def _validate_shard(op: str, x, group=None) -> None:
+    if group is not None:
+        from ..runtime import team
+
+        team.of_group(op, group)     # a bad group: an argument error, agreed as the others
     checks.check_tensor(op, "input" if op == "all_gather_into_tensor" else "x", x, dtypes=checks.COPY_DTYPES,
                         min_dims=1)
     if x.numel() < 1:
@@ -280,28 +288,35 @@ def _validate_shard(op: str, x) -> None:
                     "a non-empty shard")
 
 
-def all_gather(x):
-    """``torch.cat(all_gather(x))`` over all ranks: a new tensor (W * rows, ...)."""
+def all_gather(x, *, group=None):
+    """``torch.cat(all_gather(x))`` over all ranks (of `group`: tilescale.runtime.team): a new tensor
+    (W * rows, ...)."""
     from .. import runtime
 
-    _fn_check(checks.signature(x), _validate_shard, "all_gather", x)
-    return _cached(tuple(x.shape), x.dtype, runtime.current().info.world_size)(x).clone()
+    if group is None:
+        _fn_check(checks.signature(x), _validate_shard, "all_gather", x)
+    else:
+        _fn_check((checks.signature(x), group), _validate_shard, "all_gather", x, group)
+    return _cached(tuple(x.shape), x.dtype, runtime.current().info.world_size, group)(x).clone()
 
 
-def all_gather_into_tensor(output, input):  # noqa: A002  (torch's argument names)
-    """``torch.distributed.all_gather_into_tensor(output, input)``: one local copy into `output`, or none
+def all_gather_into_tensor(output, input, *, group=None):  # noqa: A002  (torch's argument names)
+    """``torch.distributed.all_gather_into_tensor(output, input, group)``: one local copy into `output`, or none
     when `output` is the slot this call writes (``_cached(...).next_out``, before any CUDA graph capture)."""
     from .. import runtime
 
     rt = checks.runtime_or_none()
-    _fn_into_check((checks.signature(output), checks.signature(input)), _validate_into, output, input,
-                   rt.info.world_size if rt is not None else None)
-    W = runtime.current().info.world_size
-    ag = _cached(tuple(input.shape), input.dtype, W)
+    _fn_into_check((checks.signature(output), checks.signature(input), group), _validate_into, output, input,
+                   rt, group)
+    ag = _cached(tuple(input.shape), input.dtype, runtime.current().info.world_size, group)
     return ag(input, out=output)
 
 
-def _validate_into(output, input, W) -> None:  # noqa: A002
+def _validate_into(output, input, rt, group) -> None:  # noqa: A002
+    from ..runtime import team
+
+    W = None if rt is None else rt.info.world_size if group is None else team.of_group("all_gather_into_tensor",
+                                                                                         group).size
     _validate_shard("all_gather_into_tensor", input)
     if W is None:  # no runtime: no world size (and the call stops right after)
         return checks.check_tensor("all_gather_into_tensor", "output", output, dtype=input.dtype)

@@ -40,6 +40,7 @@ from .ag_gemm_kernel import (  # noqa: F401  (re-exported)
     kernels,
     pull_chunks,
     split_space,
+    splits,
 )
 from .ag_gemm_pull import PullProtocol, pulls_needing_sms
 from .ag_gemm_push import PushProtocol
@@ -80,7 +81,7 @@ class AGGemm(PullProtocol, PushProtocol, Op):
     GRAPH_SAFE = True     # flags set and reset on the device (either protocol): no per-call host state
 
     def __init__(self, M: int, N: int, K: int, dtype, *, chunks: int | None = None, config: GemmConfig | None = None,
-                 profile: bool | None = None, split: bool = True, fused: bool | None = None):
+                 profile: bool | None = None, split: bool = True, fused: bool | None = None, group=None):
         import torch
 
         from ..env import settings
@@ -89,13 +90,18 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         from .gemm import current_gpu
 
         with self.arguments(M=M, N=N, K=K, dtype=dtype, chunks=chunks, config=config, profile=profile,
-                            split=split, fused=fused) as agreed:
+                            split=split, fused=fused, group=group) as agreed:
             if fused is None:   # the table's path, decided before any check can fail on this rank alone, so that
-                # a rank with a bad argument and one without still agree on it (only the bad argument is named)
-                agreed["fused"] = fused = fused_paths.choose("ag_gemm", M, N, K, self.rt.info, current_gpu()) == "fused"
+                # a rank with a bad argument and one without still agree on it (only the bad argument is named); a
+                # group given as ranks has no torch process group for NCCL's AllGather: fused
+                agreed["fused"] = fused = (isinstance(group, (list, tuple, range)) or fused_paths.choose(
+                    "ag_gemm", M, N, K, self.rt.info, current_gpu(), self.world_size) == "fused")
             if not isinstance(fused, bool):
                 checks.fail("AGGemm", "fused", checks.describe(fused), "a bool (or None: the committed table, "
                             "tilescale/ops/fused_paths.json)", type_error=True)
+            if not fused and isinstance(group, (list, tuple, range)):
+                checks.fail("AGGemm", "fused", "False with a group given as ranks", "True or None (NCCL's AllGather "
+                            "needs the group's torch.distributed process group: pass that as `group`)")
             profile = settings.profile_device if profile is None else profile
             check_problem("AGGemm", M, N, K, dtype, config, "K")
             checks.as_int("AGGemm", "chunks", chunks, allow_none=True)
@@ -116,7 +122,7 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         # the SM count (the last waves' split) read once every rank's arguments agreed: no rank queries its GPU, and
         # maybe fails alone, before the others learn whether the call was valid
         jobs = kernels(M, N, K, self.world_size, checks.dtype_name(dtype), chunks, config,
-                       vectors.sm_count() if split else 0)
+                       vectors.sm_count() if split else 0, self.kernel_team)
         W, (fn, self.args) = self.world_size, jobs[-1]
         self.chunks = self.args[3]                   # 0: by each call's rows
         self.block_m = self.args[5]
@@ -126,7 +132,7 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         # with a call's slices and tail tiles (_tail)
         self._job_args = [a for _, a in jobs]
         self.plans = [kernel_plan(a, M) for _, a in jobs]
-        self._sizes = [split_space(a, M) if a[-1] else () for _, a in jobs]
+        self._sizes = [split_space(a, M) if splits(a) else () for _, a in jobs]
         self._ws = [split_workspace(z, *a[5:7], device=self.rt.device) if z else () for z, (_, a) in
                     zip(self._sizes, jobs, strict=True)]
         self._splits = {}         # rows per rank -> each GEMM's (slices, tail tiles): _split_of
@@ -154,21 +160,26 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         self.arrived = self.symmetric((W * self.slots,), torch.uint64, zero=True)
         # a peer of this node: a torch view of its A_full (copy-engine copies) and the addresses of its flags
         # (stream writes); of another node: None (NVSHMEM gets and signals)
-        topo = topology.current()
-        near = [topo.same_node(p, self.rank) and p != self.rank for p in range(W)]
-        same_gpu = self.rt.info.same_gpu
-        self.protocol = protocol_for(W, self.rank, near, same_gpu, self.rt.info.shared_gpu)
+        # (p: a rank of the op's group, at world rank self.pe(p))
+        topo, info, pe = topology.current(), self.rt.info, self.pe
+        near = [topo.same_node(pe(p), info.rank) and p != self.rank for p in range(W)]
+
+        def same_gpu(p):
+            return info.same_gpu(pe(p))
+
+        self.protocol = protocol_for(W, self.rank, near, same_gpu, info.shared_gpu)
         # push: one copy stream; pull: a copy stream per peer (step 4), then the local stream (step 2)
         self.streams = [torch.cuda.Stream(priority=-1) for _ in range(1 if self.protocol == "push" else W)]
         # pulls that need an SM are done before the second GEMM (step 4)
         shim, at = self.rt.shim, self.a_full.data_ptr()
-        self._pull_first = pulls_needing_sms(W, self.rank, same_gpu, lambda p: near[p] or bool(shim.ts_ptr(at, p)))
-        self._peers = [symm.peer_tensor(self.a_full, p) if near[p] else None for p in range(W)]
+        self._pull_first = pulls_needing_sms(W, self.rank, same_gpu,
+                                             lambda p: near[p] or bool(shim.ts_ptr(at, pe(p))))
+        self._peers = [symm.peer_tensor(self.a_full, pe(p)) if near[p] else None for p in range(W)]
         # my word of a flag on rank p: through its mapping, or the symmetric address for NVSHMEM's signal
-        self._flag_at = {name: [(symm.get_remote_ptr(f, p) if near[p] else f.data_ptr()) + 8 * self.rank
+        self._flag_at = {name: [(symm.get_remote_ptr(f, pe(p)) if near[p] else f.data_ptr()) + 8 * self.rank
                                 for p in range(W)] for name, f in (("ready", self.ready), ("freed", self.freed))}
         # push: rank p's arrived flags of my chunks, through its mapping
-        self._arrived_on = [symm.get_remote_ptr(self.arrived, p) + 8 * self.rank * self.slots if near[p] else None
+        self._arrived_on = [symm.get_remote_ptr(self.arrived, pe(p)) + 8 * self.rank * self.slots if near[p] else None
                             for p in range(W)]
         self._ready_here = [self.ready.data_ptr() + 8 * q for q in range(W)]     # rank q's word here
         self._freed_here = [self.freed.data_ptr() + 8 * q for q in range(W)]
@@ -338,12 +349,14 @@ class AGGemm(PullProtocol, PushProtocol, Op):
         import torch
         import torch.distributed as dist
 
+        from ..runtime import team
+
         self.m = m = a_local.shape[0]
         if self._full is None:
             self._full = torch.empty(self.M, self.K, dtype=self.dtype, device=a_local.device)
         full = self._full[:self.world_size * m]       # a call of m rows per rank: W x m rows, contiguous
         if m:
-            dist.all_gather_into_tensor(full, a_local.contiguous())
+            dist.all_gather_into_tensor(full, a_local.contiguous(), group=team.torch_group(self.group))
         return torch.matmul(full, b, out=out)
 
 class _Profiled:
@@ -384,14 +397,19 @@ class _Profiled:
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(M, N, K, dtype, world_size, config):
-    return AGGemm(M, N, K, dtype, config=config, split=False)   # plain grids: ops of one config share kernels
+def _cached(M, N, K, dtype, world_size, config, group=None):
+    return AGGemm(M, N, K, dtype, config=config, split=False, group=group)   # plain grids: ops of one config share
+    # kernels
 
 
 _fn_check = checks.CallCheck("ag_gemm")
 
 
-def _validate_fn(a_local, b) -> None:
+def _validate_fn(a_local, b, group=None) -> None:
+    if group is not None:
+        from ..runtime import team
+
+        team.of_group("ag_gemm", group)     # a bad group: an argument error, agreed as the others
     checks.check_tensor("ag_gemm", "a_local", a_local, dtypes=checks.GEMM_DTYPES, min_dims=2)
     checks.check_tensor("ag_gemm", "b", b, dtype=a_local.dtype, min_dims=2)
     if a_local.dim() != 2 or b.dim() != 2 or a_local.shape[1] != b.shape[0]:
@@ -399,8 +417,9 @@ def _validate_fn(a_local, b) -> None:
                     f"{tuple(a_local.shape)} (2-D operands, inner sizes equal)")
 
 
-def ag_gemm(a_local, b, *, return_gathered: bool = False):
-    """``all_gather(a_local) @ b`` (see :class:`AGGemm`); builds and caches the op per (N, K, dtype, config).
+def ag_gemm(a_local, b, *, return_gathered: bool = False, group=None):
+    """``all_gather(a_local) @ b`` over all ranks (of `group`: tilescale.runtime.team; see :class:`AGGemm`); builds
+    and caches the op per (N, K, dtype, config, group).
 
     Any number of rows, run as they are by an op of a bound of rows per rank (tilescale.ops.op_cache.cached_op: the
     rows rounded up to a power of two, or a larger op cached with the same config); ops of one config share
@@ -408,11 +427,12 @@ def ag_gemm(a_local, b, *, return_gathered: bool = False):
     grids: no split of the last wave). ``return_gathered=True`` returns
     ``(c, all_gather(a_local))`` (the gathered A, a copy: the op's buffer is reused by its next call)."""
     from .. import runtime
+    from ..runtime import team
 
-    _fn_check((checks.signature(a_local), checks.signature(b)), _validate_fn, a_local, b)
-    W = runtime.current().info.world_size
+    _fn_check((checks.signature(a_local), checks.signature(b), group), _validate_fn, a_local, b, group)
+    W = runtime.current().info.world_size if group is None else team.of_group("ag_gemm", group).size
     (rows, K), N = a_local.shape, b.shape[1]
-    op = op_cache.cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm")
+    op = op_cache.cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm", group)
     c = op(a_local, b)
     if not return_gathered:
         return c

@@ -45,6 +45,9 @@ class Op:
     KERNEL = "op"
     X_WHAT = OUT_WHAT = ""
     out_shape = None      # None: ``shape``
+    # the ranks it runs among (tilescale.runtime.team; set by arguments(): the world's team unless a group was
+    # given), the group as given, and its kernels' team argument (None: the world)
+    team = group = kernel_team = None
 
     # ------------------------------------------------------------------------------- construction
     @contextlib.contextmanager
@@ -56,12 +59,20 @@ class Op:
         capture is refused the same way (agreed: :func:`.capture.construction_error`). Sets up the call
         checks and the stream order."""
         from .. import runtime
+        from ..runtime import team
 
         self.rt = runtime.current()
-        self.world_size, self.rank = self.rt.info.world_size, self.rt.info.rank
+        info = self.rt.info
+        self.group = group = args.pop("group", None)    # as the caller gave it (team.torch_group)
+        self.team = team.Team.world(info.world_size)
+        with checks.deferred(self.NAME) as g:     # a bad group: the block checks as for the whole world
+            self.team = team.resolve(self.NAME, group, info.rank, info.world_size)
+        self.world_size, self.rank = self.team.size, self.team.index(info.rank)
         with checks.deferred(self.NAME) as d:
             yield args      # the block may complete an argument (a default it resolved)
-        checks.require_same_on_all_ranks(self.NAME, d.error or capture.construction_error(self.NAME), **args)
+        checks.require_same_on_all_ranks(self.NAME, g.error or d.error or capture.construction_error(self.NAME),
+                                         self.team, **args)
+        self.kernel_team = team.kernel_team(self.team, info.world_size)
         self._arguments = args
         self.device = checks.this_device()
         self._check = checks.CallCheck(self.NAME)
@@ -70,6 +81,10 @@ class Op:
         self._stream = stream_getter()
         self._buffers, self._scratch = [], {}
         self.captured = False   # a call of this op was captured in a CUDA graph (replays count on the device)
+
+    def pe(self, i: int) -> int:
+        """World rank (PE) of this op's rank `i` (its group's: :mod:`tilescale.runtime.team`)."""
+        return i if self.team is None else self.team.pe(i)
 
     def symmetric(self, shape, dtype, *, zero: bool = False):
         """A symmetric tensor of this op (collective; zero-filled with `zero`), freed by :meth:`close`. When

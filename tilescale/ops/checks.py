@@ -251,12 +251,14 @@ class CallCheck:
 
 
 # ------------------------------------------------------------------ same arguments on every rank
-def require_same_on_all_ranks(op: str, error: BaseException | None = None, /, **args) -> None:
+def require_same_on_all_ranks(op: str, error: BaseException | None = None, team=None, /, **args) -> None:
     """Raise :class:`~tilescale.errors.CollectiveMismatchError` on every rank unless every rank passed
     equal values for each keyword argument of `op`; the message names each differing argument and shows
     every rank's value. `error`: this rank's result of checking those arguments (None: valid; see
     :class:`deferred`), exchanged in the same all_gather: if the arguments agree, every rank raises when
-    any rank's check failed (:func:`agree`). Construction of every op starts with it.
+    any rank's check failed (:func:`agree`). `team`: this rank's group (:mod:`tilescale.runtime.team`), exchanged in
+    the same all_gather too: every rank of a group must pass that group, and every group be of one size
+    (:func:`~tilescale.runtime.team.check_teams`). Construction of every op starts with it.
 
     torch equivalent: none (NCCL hangs or reads garbage in this case).
     """
@@ -266,6 +268,8 @@ def require_same_on_all_ranks(op: str, error: BaseException | None = None, /, **
     mine = {k: _canon(v) for k, v in args.items()}
     if error is not None:
         mine[_ERROR_KEY] = str(error)
+    if team is not None:
+        mine[_TEAM_KEY] = (team.start, team.stride, team.size)
     everyone = rt.all_gather_object(mine)
     bad = [k for k in args if any(v.get(k) != mine[k] for v in everyone)]
     if bad:
@@ -277,9 +281,13 @@ def require_same_on_all_ranks(op: str, error: BaseException | None = None, /, **
             f"{op}: argument(s) {', '.join(bad)} differ across ranks; every rank must pass the same values:\n"
             + "\n".join(lines) + f"\n(this is rank {rt.info.rank})")
     raise_if_any_failed(op, error, [v.get(_ERROR_KEY) for v in everyone], rt.info.rank)
+    if team is not None:
+        from ..runtime.team import check_teams
+
+        check_teams(op, [v.get(_TEAM_KEY, (0, 1, len(everyone))) for v in everyone])
 
 
-_ERROR_KEY = "__error__"
+_ERROR_KEY, _TEAM_KEY = "__error__", "__team__"
 
 
 def _canon(v):

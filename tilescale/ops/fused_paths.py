@@ -38,9 +38,10 @@ def lookup(op: str, M: int, N: int, K: int, world_size: int, gpu: str | None, ta
     return best[3] if best[3] in PATHS else "fused"
 
 
-def choose(op: str, M: int, N: int, K: int, info, gpu: str | None) -> str:
-    """The path of `op` on this job (`info`: the runtime's DistInfo): the table's where every rank has a GPU of its
-    own on one node, else "fused"."""
-    if info.world_size < 2 or info.shared_gpu or info.local_world_size != info.world_size:
+def choose(op: str, M: int, N: int, K: int, info, gpu: str | None, group_size: int | None = None) -> str:
+    """The path of `op` on this job (`info`: the runtime's DistInfo) among `group_size` ranks (None: the world): the
+    table's (at that size) where every rank has a GPU of its own on one node, else "fused"."""
+    W = info.world_size if group_size is None else group_size
+    if W < 2 or info.shared_gpu or info.local_world_size != info.world_size:
         return "fused"
-    return lookup(op, M, N, K, info.world_size, gpu)
+    return lookup(op, M, N, K, W, gpu)

@@ -24,32 +24,35 @@ from . import checks, op_cache, vectors
 from .base import Op, _capturing
 from .gemm import GemmConfig, check_problem, problem_config
 from .gemm_rs_path import MAX_PUSH_RANKS, PATHS, check_sizes, default_path, push_takes  # noqa: F401  (re-exported)
-from .gemm_rs_pull import gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
+from .gemm_rs_pull import REDUCE_THREADS, gemm_rs_gemm_kernel, gemm_rs_reduce_kernel
 from .gemm_rs_push import PUSH_PARAMS, gemm_rs_push_kernel, gemm_rs_push_loopback_kernel, push_shapes  # noqa: F401
 
 __all__ = ["GemmRS", "gemm_rs"]
 
 
 def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_blocks: int = 20,
-            config: GemmConfig | None = None, path: str | None = None, sms: int = 132) -> list:
+            config: GemmConfig | None = None, path: str | None = None, sms: int = 132, team=None) -> list:
     """[(jit function, args)] of the kernels :class:`GemmRS` compiles for problems of up to `M` rows (W x rows per
     rank) on `path` (None: :func:`default_path`): the push kernel, or the pull path's GEMM and reduction; `sms`: the
     GPU's SM count (the push kernel's blocks). The rows (and the buffers' sizes) are run-time arguments of each
-    call: M only chooses the config (the tuning table's for M)."""
+    call: M only chooses the config (the tuning table's for M). `team`: the ranks of the op's group
+    (tilescale.runtime.team.kernel_team; None: the world, whose kernels take no team argument)."""
     push = (path or default_path(world_size, K_local)) == "push"
+    t = () if team is None else (team,)
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape)
     cfg = problem_config(M, N, K_local, world_size=world_size, op="gemm_rs_push" if push else "gemm_rs", config=config)
     gemm_args = (N, K_local, world_size, dtype, cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.threads,
                  cfg.swizzle)
     if push:
-        return [(gemm_rs_push_kernel, gemm_args + (sms,))]
+        return [(gemm_rs_push_kernel, gemm_args + (sms, *t))]
     col_tile = 256 if N % 256 == 0 and cfg.block_m <= 128 else 128   # fp32 accumulator <= 128 x 256
     if N % col_tile:
         raise ValueError(f"N: got {N}, expected a multiple of 128")
     per_block = N // cfg.block_n                          # T.release_stores: one count per tile
-    return [(gemm_rs_gemm_kernel, gemm_args),
-            (gemm_rs_reduce_kernel, (N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile))]
+    return [(gemm_rs_gemm_kernel, gemm_args + t),
+            (gemm_rs_reduce_kernel, (N, world_size, per_block, reduce_blocks, dtype, cfg.block_m, col_tile)
+             + ((REDUCE_THREADS, team) if t else ()))]
 
 
 class GemmRS(Op):
@@ -63,16 +66,16 @@ class GemmRS(Op):
     GRAPH_SAFE = True     # the kernels count calls on the device (module docstring)
 
     def __init__(self, M: int, N: int, K_local: int, dtype, *, reduce_blocks: int = 20,
-                 config: GemmConfig | None = None, path: str | None = None):
+                 config: GemmConfig | None = None, path: str | None = None, group=None):
         import torch
 
-        from ..runtime import symm
+        from ..runtime import symm, team
 
         with self.arguments(M=M, N=N, K_local=K_local, dtype=dtype, reduce_blocks=reduce_blocks, config=config,
-                            path=path) as agreed:
+                            path=path, group=group) as agreed:
             check_problem("GemmRS", M, N, K_local, dtype, config, "K_local")
             checks.as_int("GemmRS", "reduce_blocks", reduce_blocks)
-            job = default_path(self.world_size)                   # the job's path for any K
+            job = default_path(self.world_size, team=self.team)   # the job's path for any K
             best = job if push_takes(self.world_size, K_local) else "pull"
             if path is not None and path not in PATHS:
                 checks.fail("GemmRS", "path", repr(path), f"one of {PATHS} or None (the job's best: {best!r})")
@@ -91,7 +94,7 @@ class GemmRS(Op):
                 checks.fail("GemmRS", "reduce_blocks", repr(reduce_blocks), f"fewer than the {sms} SMs of this GPU "
                             "(the reduction's blocks wait while the GEMM runs, which needs SMs of its own)")
             jobs = kernels(M, N, K_local, self.world_size, checks.dtype_name(dtype), reduce_blocks, config, path,
-                           sms if sms is not None else 132)
+                           sms if sms is not None else 132, team.kernel_team(self.team, self.rt.info.world_size))
             check_sizes(M, N, K_local, self.world_size, path, jobs[0][1][4])
         W = self.world_size
         self.path = path
@@ -107,8 +110,8 @@ class GemmRS(Op):
             self.arrived = self.symmetric(words, torch.uint64, zero=True)  # their counts
             self.pushed = torch.zeros(words, dtype=torch.uint64, device=self.device)   # mine to rank - 1: up to
             self.gemm, self._direct = self.build(gemm_fn, self.gemm_args, PUSH_PARAMS)   # which call
-            self.gemm_counters = self.call_counters(self.gemm_args[-1])   # a word per block (the SMs)
-            prev = (self.rank - 1) % W                                     # Rp, Ap: rank - 1's, where mine go
+            self.gemm_counters = self.call_counters(self.gemm_args[10])   # a word per block (the SMs)
+            prev = self.pe((self.rank - 1) % W)                            # Rp, Ap: rank - 1's, where mine go
             self._tail = (self.R, self.arrived, self.gemm_counters, symm.peer_tensor(self.R, prev),
                           symm.peer_tensor(self.arrived, prev), self.pushed)
             self._tail_ptrs = tuple(t.data_ptr() for t in self._tail)
@@ -178,14 +181,18 @@ class GemmRS(Op):
 
 
 @op_cache.cached(16, close_evicted=False)
-def _cached(M, N, K, dtype, world_size, config):
-    return GemmRS(M, N, K, dtype, config=config)     # (the ops of one config share their kernels)
+def _cached(M, N, K, dtype, world_size, config, group=None):
+    return GemmRS(M, N, K, dtype, config=config, group=group)     # (the ops of one config share their kernels)
 
 
 _fn_check = checks.CallCheck("gemm_rs")
 
 
-def _validate_fn(x, w, W=None) -> None:
+def _validate_fn(x, w, W=None, group=None) -> None:
+    if W is not None and group is not None:
+        from ..runtime import team
+
+        W = team.of_group("gemm_rs", group).size
     checks.check_tensor("gemm_rs", "x", x, dtypes=checks.GEMM_DTYPES, min_dims=2)
     checks.check_tensor("gemm_rs", "w", w, dtype=x.dtype, min_dims=2)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
@@ -195,20 +202,22 @@ def _validate_fn(x, w, W=None) -> None:
         checks.fail("gemm_rs", "x", f"{x.shape[0]} rows", f"a multiple of the world size {W} (equal row slices)")
 
 
-def gemm_rs(x, w):
-    """``reduce_scatter(x @ w)`` over all ranks (see :class:`GemmRS`); builds and caches the op per (N, K, dtype,
-    config).
+def gemm_rs(x, w, *, group=None):
+    """``reduce_scatter(x @ w)`` over all ranks (of `group`: tilescale.runtime.team; see :class:`GemmRS`); builds and
+    caches the op per (N, K, dtype, config, group).
 
     Any number of rows divisible by the world size, run as they are by an op of a bound of rows per rank
     (tilescale.ops.op_cache.cached_op: the rows rounded up to a power of two, or a larger op cached with the same
     config); ops of one config share their kernels, so new rows build nothing unless the tuning table picks another
     config for their bound."""
     from .. import runtime
+    from ..runtime import team
 
     rt = checks.runtime_or_none()
-    _fn_check((checks.signature(x), checks.signature(w)), _validate_fn, x, w,
-              rt.info.world_size if rt is not None else None)
-    W = runtime.current().info.world_size
+    _fn_check((checks.signature(x), checks.signature(w), group), _validate_fn, x, w,
+              rt.info.world_size if rt is not None else None, group)
+    W = runtime.current().info.world_size if group is None else team.of_group("gemm_rs", group).size
     (M, K), N = x.shape, w.shape[1]
-    op = "gemm_rs_push" if default_path(W, K) == "push" else "gemm_rs"
-    return op_cache.cached_op(_cached, M // W, N, K, x.dtype, W, op)(x, w)
+    t = None if group is None else team.of_group("gemm_rs", group)
+    op = "gemm_rs_push" if default_path(W, K, team=t) == "push" else "gemm_rs"
+    return op_cache.cached_op(_cached, M // W, N, K, x.dtype, W, op, group)(x, w)

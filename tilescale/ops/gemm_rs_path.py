@@ -19,8 +19,9 @@ def push_takes(world_size: int, K_local: int, elem_bytes: int = 2) -> bool:
     return world_size == 1 or (K_local * elem_bytes) % 16 == 0
 
 
-def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 2) -> str:
-    """The path :class:`GemmRS` takes on this job (module docstring): "push" when every rank is on this node
+def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 2, team=None) -> str:
+    """The path :class:`GemmRS` takes on this job (module docstring) among `world_size` ranks (those of `team`,
+    tilescale.runtime.team, where given; else the world): "push" when every one is on this node
     (the launcher's grouping, or ``TILESCALE_NODE_SIZE``), at most :data:`MAX_PUSH_RANKS` ranks, ranks that
     share a GPU do not share it through MPS, and the push kernel takes `K_local` (:func:`push_takes`; None: any);
     else "pull". The same on every rank of a job."""
@@ -29,7 +30,12 @@ def default_path(world_size: int, K_local: int | None = None, elem_bytes: int = 
 
     rt = runtime.current() if runtime.is_initialized() else None
     local = rt.info.local_world_size if rt is not None else None
-    if topology.of(world_size, local).nodes > 1 or world_size > MAX_PUSH_RANKS:
+    if team is not None and rt is not None:
+        topo = topology.current()
+        nodes = len({topo.node_of(p) for p in team.ranks})
+    else:
+        nodes = topology.of(world_size, local).nodes
+    if nodes > 1 or world_size > MAX_PUSH_RANKS:
         return "pull"
     if rt is not None and runtime.shares_gpu() and _mps_client():
         return "pull"

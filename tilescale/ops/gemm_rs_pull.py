@@ -28,15 +28,19 @@ from ..compat import storing_warp
 from . import vectors
 from .gemm import main_loop, store_tile, tile_buffers
 
+REDUCE_THREADS = 512    # the reduction's threads per block
+
 
 @tilescale.jit
 def gemm_rs_gemm_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
-                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10):
+                        block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
+                        team=None):
     """The GEMM of :class:`GemmRS`'s pull path: partial rows in the order their owners reduce them, with counts.
     The rows per rank `m` are a run-time size (X: (W, m, K)), and so is the op's bound (``done``: `row_blocks`
     words, W x its row tiles per rank; ``P``: two halves of as many row tiles). The grid covers the bound's row
     tiles, so that every call counts every word of ``done`` (``per_block`` a call): a tile past the call's rows
-    multiplies nothing (no step of K) and stores zeros."""
+    multiplies nothing (no step of K) and stores zeros. `team`: the ranks of the op's group
+    (tilescale.runtime.team.kernel_team; None: the world): ranks are indices in it."""
     W = world_size
     m, row_blocks, p_rows = T.dynamic("m"), T.dynamic("row_blocks"), T.dynamic("p_rows")
     tiles_per_rank = row_blocks // W                  # at the bound (P's and done's layout)
@@ -51,7 +55,7 @@ def gemm_rs_gemm_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16"
             Xs, Ws, Cl, Cs = tile_buffers(block_m, block_n, block_k, dtype, swizzle)
             e = T.call_number(counters)
             p = T.cast(e % 2, "int32")                        # this call's half of P
-            me = T.get_rank()
+            me = T.team_rank(team)
             at = T.alloc_local((2,), "int32")   # in registers (tilescale.ops.gemm, NOTE [registers]), 32-bit: done's
             at[0] = by % tiles_per_rank         # index is 64-bit, and a 64-bit division a call, which serialises the
             at[1] = (me + 1 + by // tiles_per_rank) % W       # wgmma; rank+1's rows first, own rows last
@@ -69,9 +73,10 @@ def gemm_rs_gemm_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16"
 
 @tilescale.jit
 def gemm_rs_reduce_kernel(N: int, world_size: int, per_block: int, blocks: int, dtype: str = "bfloat16",
-                          block_m: int = 128, col_tile: int = 256, threads: int = 512):
+                          block_m: int = 128, col_tile: int = 256, threads: int = REDUCE_THREADS, team=None):
     """The reduction of :class:`GemmRS`: C_local = sum over ranks of their partial rows of this rank, the call's
-    `m` rows (C: (m, N); P and done of the op's bound, as :func:`gemm_rs_gemm_kernel`'s)."""
+    `m` rows (C: (m, N); P and done of the op's bound, as :func:`gemm_rs_gemm_kernel`'s); `team` as there (a peer
+    s of the group is PE ``team_pe(team, s)``)."""
     W = world_size
     m, row_blocks, p_rows = T.dynamic("m"), T.dynamic("row_blocks"), T.dynamic("p_rows")
     tiles_per_rank = row_blocks // W                  # at the bound
@@ -86,7 +91,7 @@ def gemm_rs_reduce_kernel(N: int, world_size: int, per_block: int, blocks: int, 
             acc = T.alloc_fragment((block_m, col_tile), "float32")
             e = T.call_number(counters)
             p0 = T.cast(e % 2, "int32") * (row_blocks * block_m)   # this call's half of P
-            me = T.get_rank()
+            me = T.team_rank(team)
             tx = T.get_thread_binding()
             for u in T.serial(T.ceildiv(units, blocks)):
                 unit = u * blocks + bid
@@ -99,14 +104,15 @@ def gemm_rs_reduce_kernel(N: int, world_size: int, per_block: int, blocks: int, 
                     for j in T.serial(W):
                         s = (me + 2 * W - 1 - j) % W          # rank-1, rank-2, ..., rank
                         if tx == 0:
-                            T.wait_until(done[rb], cmp="ge", value=e * per_block, src_pe=s)
+                            T.wait_until(done[rb], cmp="ge", value=e * per_block, src_pe=T.team_pe(team, s))
                         T.sync_threads()
-                        if T.peer_reachable(P, pe=s):          # this node: loads through the mapping
-                            Ps = T.remote(P, pe=s)
+                        if T.peer_reachable(P, pe=T.team_pe(team, s)):   # this node: loads through the mapping
+                            Ps = T.remote(P, pe=T.team_pe(team, s))
                             for i, k in T.Parallel(block_m, col_tile):
                                 acc[i, k] += Ps[r0 + i, c0 + k]
                         else:                                  # another node: an NVSHMEM get, then local loads
-                            T.get_block(P[r0:r0 + block_m, c0:c0 + col_tile], staging[bid, :, :], src_pe=s)
+                            T.get_block(P[r0:r0 + block_m, c0:c0 + col_tile], staging[bid, :, :],
+                                        src_pe=T.team_pe(team, s))
                             for i, k in T.Parallel(block_m, col_tile):
                                 acc[i, k] += staging[bid, i, k]
                     T.copy(acc, C[t * block_m, c0])           # (rows past m: not stored)

@@ -66,7 +66,7 @@ PUSH_PARAMS = ("X", "Wt", "C", "R", "arrived", "counters", "Rp", "Ap", "pushed",
 @tilescale.jit
 def gemm_rs_push_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16", block_m: int = 128,
                         block_n: int = 256, block_k: int = 64, stages: int = 3, threads: int = 256, swizzle: int = 10,
-                        sms: int = 132):
+                        sms: int = 132, team=None):
     """The one kernel of :class:`GemmRS`'s push path (module docstring): each tile of a peer's rows, with the
     partial sum that rank me + 1 pushed for it added, pushed on into rank me - 1's ``R`` and counted in its
     ``arrived`` (`Rp`, `Ap`: those of rank me - 1, through its peer mapping); my rows, with theirs added, into
@@ -77,8 +77,9 @@ def gemm_rs_push_kernel(N: int, K: int, world_size: int, dtype: str = "bfloat16"
     sized for its bound (``R``: `r_rows`, ``arrived``, ``pushed``: `words`, :func:`push_shapes`): one build serves
     every row count. A tile's word of ``arrived`` is counted up to the call number (the pusher adds the calls
     since it last pushed that tile, which it keeps in its own ``pushed``), so words of tiles a call of fewer rows
-    leaves out are right again at the next call that has them."""
-    return _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False, sms)
+    leaves out are right again at the next call that has them. `team`: the ranks of the op's group
+    (tilescale.runtime.team.kernel_team; None: the world), ``me`` this rank's index in it."""
+    return _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, False, sms, team)
 
 
 @tilescale.jit
@@ -114,10 +115,10 @@ def _pushed_to(loopback: bool):
 
 
 def _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle, loopback: bool,
-               sms: int):
+               sms: int, team=None):
     if world_size > 1:
         return _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
-                                     loopback, sms)
+                                     loopback, sms, team)
     m, r_rows, words = T.dynamic("m"), T.dynamic("r_rows"), T.dynamic("words")
     slab = (r_rows, block_n + SUM_IN_PAD)             # (R, arrived, pushed, counters: unused at world size 1)
 
@@ -134,7 +135,7 @@ def _push_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threa
 
 
 def _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, stages, threads, swizzle,
-                          loopback: bool, sms: int):
+                          loopback: bool, sms: int, team=None):
     """:func:`_push_func` at world size > 1 (module docstring, push 1-3): `sms` persistent blocks (one per SM) of
     three roles, block b running tiles b, b + sms, ... of the step-by-step order of the call's rows."""
     W = world_size
@@ -183,7 +184,7 @@ def _push_persistent_func(N, K, world_size, dtype, block_m, block_n, block_k, st
             pnl[1] = layout
             e[0] = T.call_number(counters)               # (the sums warps' every use of it)
             tx = T.get_thread_binding()
-            me = T.get_rank()
+            me = T.team_rank(team)
             mine = T.max(T.ceildiv(total - bid, blocks), 0)   # this block's tiles (none: fewer tiles than blocks)
             if tx < 128:                                  # warpgroup 0: its registers given up at once (PTX:
                 T.set_max_nreg(40, 0)                     # every warp of a warpgroup runs the same setmaxnreg)

@@ -64,17 +64,17 @@ def row_bound(rows: int) -> int:
     return max(ROW_TILE, 1 << max(rows - 1, 0).bit_length())
 
 
-def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str):
-    """The op of `cache` (an op cache keyed ``(M, N, K, dtype, world size, config)``, M the bound of gathered rows)
-    that ``tilescale.ops.ag_gemm`` / ``gemm_rs`` run `rows` rows per rank with: the config the tuning table gives
-    the rows' bound (:func:`row_bound`), on the largest op cached with it when that covers `rows` (its kernels take
-    any rows up to its bound), else a new one for that bound. So a job builds at most one op per doubling of its
-    rows, and kernels only for each config the table picks."""
+def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str, group=None):
+    """The op of `cache` (an op cache keyed ``(M, N, K, dtype, world size, config, group)``, M the bound of gathered
+    rows, the world size that of `group`) that ``tilescale.ops.ag_gemm`` / ``gemm_rs`` run `rows` rows per rank with:
+    the config the tuning table gives the rows' bound (:func:`row_bound`), on the largest op cached with it when that
+    covers `rows` (its kernels take any rows up to its bound), else a new one for that bound. So a job builds at most
+    one op per doubling of its rows, and kernels only for each config the table picks."""
     from .gemm import gemm_config
 
     bound = row_bound(rows)
     cfg = gemm_config(bound * world_size, N, K, world_size=world_size, op=op)
-    key = (N, K, dtype, world_size, cfg)
+    key = (N, K, dtype, world_size, cfg, group)
     have = max((k[0] // world_size for k in list(cache.entries) if k[1:] == key), default=0)
     return cache(max(have, bound) * world_size, *key)
 

@@ -45,14 +45,16 @@ BLOCKS = ((1 << 20, 16), (16 << 20, 64), (1 << 62, 128))
 
 @T.macro
 def push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, world_size: int, threads: int, dtype: str, vec: int,
-                    dst, di, dst2, di2, two_dsts: bool):
+                    dst, di, dst2, di2, two_dsts: bool, team=None):
     """Steps 1-3 of the protocol above for block `b`: the sum of chunk b of this rank's slice lands in
-    ``dst[di, lo:hi]`` (and ``dst2[di2, lo:hi]`` too with `two_dsts`), dst and dst2 being (., sv, vec)."""
-    me = T.get_rank()
+    ``dst[di, lo:hi]`` (and ``dst2[di2, lo:hi]`` too with `two_dsts`), dst and dst2 being (., sv, vec). Ranks are
+    those of `team` (None: the world)."""
+    me = T.team_rank(team)
     tx = T.get_thread_binding()
     for j in T.serial(world_size - 1):
         p = (me + 1 + j) % world_size
-        T.put_signal_block(x[p, lo:hi, :], recv[par, me, lo:hi, :], flags[0, b, me], value=epoch, dst_pe=p)
+        T.put_signal_block(x[p, lo:hi, :], recv[par, me, lo:hi, :], flags[0, b, me], value=epoch,
+                           dst_pe=T.team_pe(team, p))
     if tx < world_size:
         if tx != me:
             T.wait_until(flags[0, b, tx], cmp="ge", value=epoch)
@@ -78,9 +80,9 @@ def push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, world_size: int, thre
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def reduce_scatter_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512):
+def reduce_scatter_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512, team=None):
     """Kernel of :class:`ReduceScatter`; the slice length `sv` (16-byte vectors) is a run-time argument,
-    so one build serves every message size."""
+    so one build serves every message size. `team`: the group's ranks (tilescale.runtime.team; None: the world)."""
     W = world_size
     vec = 16 // (4 if dtype == "float32" else 2)
     sv = T.dynamic("sv")
@@ -95,21 +97,25 @@ def reduce_scatter_kernel(world_size: int, blocks: int, dtype: str = "bfloat16",
             chunk = T.ceildiv(sv, blocks)
             lo = T.min(b * chunk, sv)
             hi = T.min(lo + chunk, sv)
-            push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, W, threads, dtype, vec, out, 0, out, 0, False)
+            push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, W, threads, dtype, vec, out, 0, out, 0, False,
+                            team)
 
     return reduce_scatter
 
 
-def kernels(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512) -> list:
-    """[(jit function, args)] of the kernel :class:`ReduceScatter` builds for a full input of `nbytes`."""
-    return [(reduce_scatter_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads))]
+def kernels(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512, team=None) -> list:
+    """[(jit function, args)] of the kernel :class:`ReduceScatter` builds for a full input of `nbytes` among the
+    ranks of `team` (a kernel's group: tilescale.runtime.team.kernel_team; None: the world)."""
+    args = (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads)
+    return [(reduce_scatter_kernel, args if team is None else (*args, team))]
 
 
 class ReduceScatter(Op):
     """Sum-ReduceScatter of a `(R, ...)` input of `dtype` (R divisible by the world size) into `(R/W, ...)`.
 
     Collective to construct (allocates symmetric receive buffers, checks that every rank passed the same
-    shape and dtype). ``rs(x)`` returns a new tensor with this rank's reduced rows; ``rs(x, out=t)`` writes
+    shape and dtype). `group`: the ranks it runs among (tilescale.runtime.team; None: the world), W being their
+    number. ``rs(x)`` returns a new tensor with this rank's reduced rows; ``rs(x, out=t)`` writes
     them into `t`. Sums are accumulated in fp32, in rank order, and rounded once.
     """
 
@@ -117,10 +123,10 @@ class ReduceScatter(Op):
     GRAPH_SAFE = True
     OUT_WHAT = "rows / world_size"
 
-    def __init__(self, shape, dtype, *, blocks: int | None = None, threads: int = 512):
+    def __init__(self, shape, dtype, *, blocks: int | None = None, threads: int = 512, group=None):
         import torch
 
-        with self.arguments(shape=shape, dtype=dtype, blocks=blocks, threads=threads):
+        with self.arguments(shape=shape, dtype=dtype, blocks=blocks, threads=threads, group=group):
             self.shape = vectors.as_shape("ReduceScatter", shape)
             vectors.check_dtype("ReduceScatter", dtype)
             vectors.check_launch("ReduceScatter", blocks, threads, self.world_size)
@@ -136,7 +142,7 @@ class ReduceScatter(Op):
         self.vec = vec = vectors.vector_width(dtype)
         self.sv = sv = -(-self.slice // vec)                    # 16-byte vectors per slice (padded)
         nbytes = self.n * vectors.element_size(dtype)
-        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), threads)
+        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), threads, self.kernel_team)
         self.blocks = blocks or args[1]
         self.recv = self.symmetric((2, W, sv, vec), dtype)
         self.flags = self.symmetric((1, self.blocks, W), torch.uint64, zero=True)
@@ -153,14 +159,18 @@ class ReduceScatter(Op):
 
 
 @op_cache.cached(16)
-def _cached(n, dtype, world_size):
-    return ReduceScatter((n,), dtype)
+def _cached(n, dtype, world_size, group=None):
+    return ReduceScatter((n,), dtype, group=group)
 
 
 _fn_check = checks.CallCheck("reduce_scatter_tensor")
 
 
-def _validate_fn(output, input, op, W) -> None:  # noqa: A002
+def _validate_fn(output, input, op, W, group) -> None:  # noqa: A002
+    from ..runtime import team
+
+    if W is not None and group is not None:
+        W = team.of_group("reduce_scatter_tensor", group).size
     checks.check_op("reduce_scatter_tensor", op)
     for name, t in (("output", output), ("input", input)):
         checks.check_tensor("reduce_scatter_tensor", name, t)
@@ -173,17 +183,16 @@ def _validate_fn(output, input, op, W) -> None:  # noqa: A002
                     f"input.numel() / world_size = {input.numel() / W:g} elements")
 
 
-def reduce_scatter_tensor(output, input, *, op="sum"):  # noqa: A002  (torch's argument names)
-    """``torch.distributed.reduce_scatter_tensor(output, input)`` with op "sum": `input` holds W equal
-    slices (``input.numel() == W * output.numel()``); this rank's slice of the sum lands in `output`,
-    which is returned."""
+def reduce_scatter_tensor(output, input, *, op="sum", group=None):  # noqa: A002  (torch's argument names)
+    """``torch.distributed.reduce_scatter_tensor(output, input, group=group)`` with op "sum": `input` holds W equal
+    slices (``input.numel() == W * output.numel()``, W the ranks of `group`: tilescale.runtime.team); this rank's
+    slice of the sum lands in `output`, which is returned."""
     from .. import runtime
 
     rt = checks.runtime_or_none()
-    _fn_check((checks.signature(output), checks.signature(input), op if isinstance(op, str) else str(op)),
-              _validate_fn, output, input, op, rt.info.world_size if rt is not None else None)
-    W = runtime.current().info.world_size
-    rs = _cached(input.numel(), input.dtype, W)
+    _fn_check((checks.signature(output), checks.signature(input), op if isinstance(op, str) else str(op), group),
+              _validate_fn, output, input, op, rt.info.world_size if rt is not None else None, group)
+    rs = _cached(input.numel(), input.dtype, runtime.current().info.world_size, group)
     flat_in = input.reshape(-1)
     if output.is_contiguous():
         rs(flat_in, out=output.view(-1))

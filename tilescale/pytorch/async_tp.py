@@ -30,9 +30,10 @@ layout, and Inductor's pass passes it):
   result (1/W of A @ B) copied into torch's contiguous layout where scatter_dim > 0; "avg": that, divided by W;
 * reduce-scatter along the last dim (columns): torch's GEMM, then tilescale's reduce_scatter (not overlapped).
 
-Calls tilescale cannot serve go to torch's own op, with a debug line (``TILESCALE_DIST_DEBUG=1``): a group other
-than the whole world (process groups: issue 41 item 1), a reduce_op other than "sum" / "avg", a dtype other than
-bf16 / fp16 / fp32 or operands of different dtypes. Not covered: torch's fp8 variants
+`group_name`: the whole world, or a group of evenly spaced ranks (a TP group of a DP x TP job; W is then its size:
+tilescale.runtime.team). Calls tilescale cannot serve go to torch's own op, with a debug line
+(``TILESCALE_DIST_DEBUG=1``): a group whose ranks are not evenly spaced, a reduce_op other than "sum" / "avg", a
+dtype other than bf16 / fp16 / fp32 or operands of different dtypes. Not covered: torch's fp8 variants
 (``fused_all_gather_scaled_matmul``, ``fused_scaled_matmul_reduce_scatter``: ``out_dtype``, ``orig_scatter_dim``),
 which stay torch's. Inductor's micro-pipeline TP pass on these: :mod:`.inductor_async_tp`.
 """
@@ -66,7 +67,20 @@ def torch_op(op: str):
 @torch.compiler.assume_constant_result
 def _group_served(group_name) -> str:
     """'' where tilescale serves `group_name`, else why not (a constant to torch.compile)."""
-    return "" if _backend().is_world_group(group_name) else f"group {group_name!r} is not the whole world"
+    if _backend().is_world_group(group_name):
+        return ""
+    try:
+        _backend().group_size(group_name)
+    except Exception as e:  # noqa: BLE001  (an unknown name, ranks not evenly spaced: torch's op serves it)
+        return f"group {group_name!r}: {e}"
+    return ""
+
+
+@torch.compiler.assume_constant_result
+def _group(group_name) -> str:
+    """The torch operators' group name of a served `group_name`: '' for the whole world (a constant to
+    torch.compile)."""
+    return "" if _backend().is_world_group(group_name) else group_name
 
 
 def why_not_served(group_name, tensors, reduce_op=None) -> str:
@@ -122,40 +136,41 @@ def all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A: bool, fallb
         return _to_torch(AG, why, fallback)(A_shard, Bs, gather_dim, group_name, return_A=return_A)
     nd = A_shard.dim()
     g = _dim(AG, "gather_dim", gather_dim, nd, "A_shard")
-    W = world_size()
+    group = _group(group_name)
+    W = world_size(group)
     K = A_shard.shape[-1] * (W if g == nd - 1 else 1)
     for i, B in enumerate(Bs):
         if B.shape[0] != K:
             fail(AG, f"Bs[{i}]", describe(B), f"{K} rows: the last dim of A = all_gather(A_shard of shape "
                  f"{tuple(A_shard.shape)}, dim={gather_dim}) over {W} ranks")
     if g == nd - 1:
-        return _gather_last_dim(A_shard, Bs, W, return_A)
+        return _gather_last_dim(A_shard, Bs, W, return_A, group)
     a = A_shard.movedim(g, 0)                      # (dim g, the other dims..., K): rows = every dim but the last
     full = (W * a.shape[0], *a.shape[1:-1])        # the gathered rows: rank 0's, then rank 1's, ...
-    A2, outs = _gemms(a.reshape(-1, a.shape[-1]), Bs, return_A)
+    A2, outs = _gemms(a.reshape(-1, a.shape[-1]), Bs, return_A, group)
     outs = [c.view(*full, c.shape[-1]).movedim(0, g) for c in outs]
     return (A2.view(*full, A2.shape[-1]).movedim(0, g) if return_A else None), outs
 
 
-def _gemms(a2, Bs, return_A: bool):
+def _gemms(a2, Bs, return_A: bool, group: str):
     """(the gathered a2 or None, [all_gather(a2) @ B for B in Bs]), each contiguous: one AG+GEMM over every B."""
     if len(Bs) == 1:
-        A2, c = ag_gemm_gathered(a2, Bs[0]) if return_A else (None, ag_gemm(a2, Bs[0]))
+        A2, c = ag_gemm_gathered(a2, Bs[0], group=group) if return_A else (None, ag_gemm(a2, Bs[0], group=group))
         return A2, [c]
     if a2.dtype in FUSED_DTYPES:                   # the gather overlapped with every B's GEMM: one GEMM of them all
         B = torch.cat(Bs, dim=1)
-        A2, c = ag_gemm_gathered(a2, B) if return_A else (None, ag_gemm(a2, B))
+        A2, c = ag_gemm_gathered(a2, B, group=group) if return_A else (None, ag_gemm(a2, B, group=group))
         return A2, [part.contiguous() for part in c.split([b.shape[1] for b in Bs], dim=1)]
-    A2, c0 = ag_gemm_gathered(a2, Bs[0])          # no fused kernel: all_gather, then a GEMM per B
+    A2, c0 = ag_gemm_gathered(a2, Bs[0], group=group)    # no fused kernel: all_gather, then a GEMM per B
     return (A2 if return_A else None), [c0, *(A2 @ B for B in Bs[1:])]
 
 
-def _gather_last_dim(A_shard, Bs, W: int, return_A: bool):
+def _gather_last_dim(A_shard, Bs, W: int, return_A: bool, group: str):
     """All-gather along the last dim (K): tilescale's all_gather of the rows, then torch's GEMMs (contiguous)."""
     lead, k = A_shard.shape[:-1], A_shard.shape[-1]
     a2 = A_shard.reshape(-1, k)
     rows = a2.shape[0]
-    A2 = all_gather(a2).view(W, rows, k).transpose(0, 1).reshape(rows, W * k)   # rank r's columns at r * k
+    A2 = all_gather(a2, group=group).view(W, rows, k).transpose(0, 1).reshape(rows, W * k)   # rank r's columns at r * k
     outs = [(A2 @ B).view(*lead, B.shape[1]) for B in Bs]
     return (A2.view(*lead, W * k) if return_A else None), outs
 
@@ -179,7 +194,8 @@ def matmul_reduce_scatter(A, B, reduce_op: str, scatter_dim, group_name, fallbac
     s = _dim(RS, "scatter_dim", scatter_dim, nd, "A")
     if B.shape[0] != A.shape[-1]:
         fail(RS, "B", describe(B), f"{A.shape[-1]} rows (the last dim of A, of shape {tuple(A.shape)})")
-    W = world_size()
+    group = _group(group_name)
+    W = world_size(group)
     n = B.shape[1] if s == nd - 1 else A.shape[s]
     if n % W:
         fail(RS, "scatter_dim", describe(scatter_dim), f"a dim of A @ B whose size ({n} here) is a multiple of the "
@@ -188,10 +204,10 @@ def matmul_reduce_scatter(A, B, reduce_op: str, scatter_dim, group_name, fallbac
         lead, N = A.shape[:-1], B.shape[1]
         p = A.reshape(-1, A.shape[-1]) @ B
         rows = p.shape[0]
-        y = reduce_scatter(p.view(rows, W, N // W).transpose(0, 1).reshape(W * rows, N // W))
+        y = reduce_scatter(p.view(rows, W, N // W).transpose(0, 1).reshape(W * rows, N // W), group=group)
         y = y.view(*lead, N // W)
     else:
         a = A.movedim(s, 0)
-        y = gemm_rs(a.reshape(-1, a.shape[-1]), B)
+        y = gemm_rs(a.reshape(-1, a.shape[-1]), B, group=group)
         y = y.view(a.shape[0] // W, *a.shape[1:-1], y.shape[-1]).movedim(0, s).contiguous()
     return y / W if reduce_op == "avg" else y

@@ -17,7 +17,9 @@ operator (``torch.ops.tilescale.``)                         result (W = world si
 Design (as ``torch.ops._c10d_functional``): every operator is functional (a new output; ``all_reduce_`` is
 the one that mutates, declared), and those whose output shape depends on the world size take it as an
 int argument, so their fake (meta) implementations need neither a GPU nor the runtime. The functions of
-this module fill it in (:func:`world_size`, a constant to ``torch.compile``)::
+this module fill it in (:func:`world_size`, a constant to ``torch.compile``). ``all_gather``, ``reduce_scatter``
+and the fused GEMMs take a process group too (``group=``: a ProcessGroup, its name or a 1-D DeviceMesh; the
+operators' ``group_name``, '' for the whole world), W being its size (tilescale.runtime.team)::
 
     from tilescale.ops import torch_ops
     h = torch_ops.ag_gemm(x_local, w1)            # column-parallel: all_gather(x_local) @ w1
@@ -78,6 +80,13 @@ class TilescaleBackend:
 
         return runtime.current().info.rank if runtime.is_initialized() else -1
 
+    def group_size(self, group_name: str) -> int:
+        """The size of torch.distributed group `group_name` (OpArgumentError where tilescale cannot run it: a group
+        whose ranks are not evenly spaced)."""
+        from ..runtime import team
+
+        return team.of_group("tilescale", group_name).size
+
     def is_world_group(self, group_name) -> bool:
         """Whether torch.distributed group `group_name` holds every rank of the runtime, in order (without the
         runtime: its NotInitializedError, which says what to call)."""
@@ -93,16 +102,16 @@ class TilescaleBackend:
         except Exception:  # noqa: BLE001  (an unknown name: torch's op says what is wrong)
             return False
 
-    def all_gather(self, x):
+    def all_gather(self, x, group=None):
         from ..ops.allgather import all_gather
 
-        return all_gather(x)
+        return all_gather(x, group=group)
 
-    def reduce_scatter(self, x, W: int):
+    def reduce_scatter(self, x, W: int, group=None):
         from ..ops.reduce_scatter import reduce_scatter_tensor
 
         out = x.new_empty((x.shape[0] // W, *x.shape[1:]))
-        return reduce_scatter_tensor(out, x)
+        return reduce_scatter_tensor(out, x, group=group)
 
     def all_reduce_(self, x) -> None:
         from ..ops.allreduce import all_reduce
@@ -121,17 +130,17 @@ class TilescaleBackend:
 
         broadcast(x, src)
 
-    def ag_gemm(self, a, b, return_gathered: bool):
+    def ag_gemm(self, a, b, return_gathered: bool, group=None):
         """(c, all_gather(a) or None): the fused op (rows padded where needed)."""
         from ..ops.allgather_gemm import ag_gemm
 
-        r = ag_gemm(a, b, return_gathered=return_gathered)
+        r = ag_gemm(a, b, return_gathered=return_gathered, group=group)
         return r if return_gathered else (r, None)
 
-    def gemm_rs(self, x, w):
+    def gemm_rs(self, x, w, group=None):
         from ..ops.gemm_reduce_scatter import gemm_rs
 
-        return gemm_rs(x, w)
+        return gemm_rs(x, w, group=group)
 
 
 _BACKEND = TilescaleBackend()
@@ -142,9 +151,31 @@ def _backend():
 
 
 @torch.compiler.assume_constant_result
-def world_size() -> int:
-    """The runtime's world size (to ``torch.compile``: a constant of the traced program)."""
-    return _backend().world_size()
+def world_size(group_name: str = "") -> int:
+    """The runtime's world size, or group `group_name`'s size (to ``torch.compile``: a constant of the traced
+    program)."""
+    return _backend().group_size(group_name) if group_name else _backend().world_size()
+
+
+def group_name(group) -> str:
+    """The operators' ``group_name`` of `group`: '' for None (the whole world), the name of a ProcessGroup or of a
+    1-D DeviceMesh's group, or a name as it is."""
+    if group is None or isinstance(group, str):
+        return group or ""
+    if type(group).__name__ == "DeviceMesh":
+        group = group.get_group()
+    name = getattr(group, "group_name", None)
+    if not isinstance(name, str):
+        from ..arguments import describe, fail
+
+        fail("tilescale.ops.torch_ops", "group", describe(group), "None (the whole world), a torch.distributed "
+             "ProcessGroup, its name or a 1-D DeviceMesh", type_error=True)
+    return name
+
+
+def _in(group_name: str) -> dict:
+    """The backend's keyword arguments for `group_name` (none for the whole world)."""
+    return {"group": group_name} if group_name else {}
 
 
 # --------------------------------------------------------------------------------- when not fused
@@ -181,26 +212,26 @@ def _dense(t):
 
 # ------------------------------------------------------------------------------------- collectives
 @torch.library.custom_op("tilescale::all_gather", mutates_args=())
-def _all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
-    return _backend().all_gather(x.contiguous())
+def _all_gather(x: torch.Tensor, world_size: int, group_name: str = "") -> torch.Tensor:
+    return _backend().all_gather(x.contiguous(), **_in(group_name))
 
 
 @_all_gather.register_fake
-def _(x, world_size):
+def _(x, world_size, group_name=""):
     torch._check(x.dim() >= 1, lambda: "tilescale::all_gather: x must have at least one dimension")
     return x.new_empty((world_size * x.shape[0], *x.shape[1:]))
 
 
 @torch.library.custom_op("tilescale::reduce_scatter", mutates_args=())
-def _reduce_scatter(x: torch.Tensor, world_size: int) -> torch.Tensor:
+def _reduce_scatter(x: torch.Tensor, world_size: int, group_name: str = "") -> torch.Tensor:
     if x.shape[0] % world_size:
         raise ValueError(f"tilescale::reduce_scatter: x: got {x.shape[0]} rows, expected a multiple of the world "
                          f"size {world_size}")
-    return _backend().reduce_scatter(x.contiguous(), world_size)
+    return _backend().reduce_scatter(x.contiguous(), world_size, **_in(group_name))
 
 
 @_reduce_scatter.register_fake
-def _(x, world_size):
+def _(x, world_size, group_name=""):
     torch._check(x.dim() >= 1, lambda: "tilescale::reduce_scatter: x must have at least one dimension")
     torch._check(x.shape[0] % world_size == 0,
                  lambda: f"tilescale::reduce_scatter: rows of x must be a multiple of the world size {world_size}")
@@ -208,15 +239,15 @@ def _(x, world_size):
 
 
 def _all_gather_setup(ctx, inputs, output):
-    ctx.world_size = inputs[1]
+    ctx.world_size, ctx.group_name = inputs[1], inputs[2] if len(inputs) > 2 else ""
 
 
 def _all_gather_backward(ctx, g):
-    return torch.ops.tilescale.reduce_scatter(g, ctx.world_size), None
+    return torch.ops.tilescale.reduce_scatter(g, ctx.world_size, ctx.group_name), None, None
 
 
 def _reduce_scatter_backward(ctx, g):
-    return torch.ops.tilescale.all_gather(g, ctx.world_size), None
+    return torch.ops.tilescale.all_gather(g, ctx.world_size, ctx.group_name), None, None
 
 
 _all_gather.register_autograd(_all_gather_backward, setup_context=_all_gather_setup)
@@ -277,42 +308,43 @@ def _check_gemm(op: str, a, b) -> None:
     torch._check(a.dtype == b.dtype, lambda: f"tilescale::{op}: dtypes differ: {a.dtype} and {b.dtype}")
 
 
-def _ag_gemm_impl(a, b, world_size: int, gathered: bool):
+def _ag_gemm_impl(a, b, world_size: int, gathered: bool, group_name: str):
     _check_gemm("ag_gemm", a, b)
     be = _backend()
     why = why_not_fused("ag_gemm", a.shape[0], b.shape[1], a.shape[1], a.dtype, world_size)
     if why is None:
-        return be.ag_gemm(a, _dense(b), gathered)
+        return be.ag_gemm(a, _dense(b), gathered, **_in(group_name))
     _debug("ag_gemm", f"not fused ({why}): all_gather, then torch.matmul")
-    a_full = be.all_gather(a.contiguous())
+    a_full = be.all_gather(a.contiguous(), **_in(group_name))
     return a_full @ b, a_full
 
 
 @torch.library.custom_op("tilescale::ag_gemm", mutates_args=())
-def _ag_gemm(a: torch.Tensor, b: torch.Tensor, world_size: int) -> torch.Tensor:
-    return _ag_gemm_impl(a, b, world_size, False)[0]
+def _ag_gemm(a: torch.Tensor, b: torch.Tensor, world_size: int, group_name: str = "") -> torch.Tensor:
+    return _ag_gemm_impl(a, b, world_size, False, group_name)[0]
 
 
 @_ag_gemm.register_fake
-def _(a, b, world_size):
+def _(a, b, world_size, group_name=""):
     _check_gemm("ag_gemm", a, b)
     return a.new_empty((world_size * a.shape[0], b.shape[1]))
 
 
 @torch.library.custom_op("tilescale::ag_gemm_gathered", mutates_args=())
-def _ag_gemm_gathered(a: torch.Tensor, b: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    c, a_full = _ag_gemm_impl(a, b, world_size, True)
+def _ag_gemm_gathered(a: torch.Tensor, b: torch.Tensor, world_size: int,
+                      group_name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    c, a_full = _ag_gemm_impl(a, b, world_size, True, group_name)
     return a_full, c
 
 
 @_ag_gemm_gathered.register_fake
-def _(a, b, world_size):
+def _(a, b, world_size, group_name=""):
     _check_gemm("ag_gemm_gathered", a, b)
     return a.new_empty((world_size * a.shape[0], a.shape[1])), a.new_empty((world_size * a.shape[0], b.shape[1]))
 
 
 @torch.library.custom_op("tilescale::gemm_rs", mutates_args=())
-def _gemm_rs(x: torch.Tensor, w: torch.Tensor, world_size: int) -> torch.Tensor:
+def _gemm_rs(x: torch.Tensor, w: torch.Tensor, world_size: int, group_name: str = "") -> torch.Tensor:
     _check_gemm("gemm_rs", x, w)
     if x.shape[0] % world_size:
         raise ValueError(f"tilescale::gemm_rs: x: got {x.shape[0]} rows, expected a multiple of the world size "
@@ -320,13 +352,13 @@ def _gemm_rs(x: torch.Tensor, w: torch.Tensor, world_size: int) -> torch.Tensor:
     be = _backend()
     why = why_not_fused("gemm_rs", x.shape[0] // world_size, w.shape[1], x.shape[1], x.dtype, world_size)
     if why is None:
-        return be.gemm_rs(_dense(x), _dense(w))
+        return be.gemm_rs(_dense(x), _dense(w), **_in(group_name))
     _debug("gemm_rs", f"not fused ({why}): torch.matmul, then reduce_scatter")
-    return be.reduce_scatter(x @ w, world_size)
+    return be.reduce_scatter(x @ w, world_size, **_in(group_name))
 
 
 @_gemm_rs.register_fake
-def _(x, w, world_size):
+def _(x, w, world_size, group_name=""):
     _check_gemm("gemm_rs", x, w)
     torch._check(x.shape[0] % world_size == 0,
                  lambda: f"tilescale::gemm_rs: rows of x must be a multiple of the world size {world_size}")
@@ -334,54 +366,56 @@ def _(x, w, world_size):
 
 
 def _save_inputs(ctx, inputs, output):
-    a, b, ctx.world_size = inputs
+    a, b, ctx.world_size, *g = inputs
+    ctx.group_name = g[0] if g else ""
     ctx.save_for_backward(a, b)
 
 
 def _ag_gemm_backward(ctx, dc):
     a, b = ctx.saved_tensors
-    W = ctx.world_size
+    W, g = ctx.world_size, ctx.group_name
     da = db = None
     if ctx.needs_input_grad[0]:            # rows of this rank of sum over ranks of dC_r @ B_r^T
-        da = torch.ops.tilescale.gemm_rs(dc, b.t(), W)
+        da = torch.ops.tilescale.gemm_rs(dc, b.t(), W, g)
     if ctx.needs_input_grad[1]:
-        db = torch.ops.tilescale.all_gather(a, W).t() @ dc
-    return da, db, None
+        db = torch.ops.tilescale.all_gather(a, W, g).t() @ dc
+    return da, db, None, None
 
 
 def _ag_gemm_gathered_setup(ctx, inputs, output):
-    _, b, ctx.world_size = inputs
+    _, b, ctx.world_size, *g = inputs
+    ctx.group_name = g[0] if g else ""
     ctx.save_for_backward(output[0], b)    # the gathered A: no second gather in the backward
     ctx.set_materialize_grads(False)       # an unused output's gradient stays None (eager)
 
 
 def _ag_gemm_gathered_backward(ctx, da_full, dc):
     a_full, b = ctx.saved_tensors
-    W = ctx.world_size
+    W, g = ctx.world_size, ctx.group_name
     da = db = None
     if ctx.needs_input_grad[0]:
         if dc is None:
-            da = None if da_full is None else torch.ops.tilescale.reduce_scatter(da_full, W)
+            da = None if da_full is None else torch.ops.tilescale.reduce_scatter(da_full, W, g)
         elif da_full is None:
-            da = torch.ops.tilescale.gemm_rs(dc, b.t(), W)
+            da = torch.ops.tilescale.gemm_rs(dc, b.t(), W, g)
         else:                              # both outputs used: one reduce_scatter of the summed gradient
-            da = torch.ops.tilescale.reduce_scatter(torch.addmm(da_full, dc, b.t()), W)
+            da = torch.ops.tilescale.reduce_scatter(torch.addmm(da_full, dc, b.t()), W, g)
     if ctx.needs_input_grad[1] and dc is not None:
         db = a_full.t() @ dc
-    return da, db, None
+    return da, db, None, None
 
 
 def _gemm_rs_backward(ctx, dy):
     x, w = ctx.saved_tensors
-    W = ctx.world_size
+    W, g = ctx.world_size, ctx.group_name
     dx = dw = None
     if ctx.needs_input_grad[0]:            # all_gather(dY) @ W^T, fused; keeps the gathered dY for dW
-        dy_full, dx = torch.ops.tilescale.ag_gemm_gathered(dy, w.t(), W)
+        dy_full, dx = torch.ops.tilescale.ag_gemm_gathered(dy, w.t(), W, g)
     elif ctx.needs_input_grad[1]:
-        dy_full = torch.ops.tilescale.all_gather(dy, W)
+        dy_full = torch.ops.tilescale.all_gather(dy, W, g)
     if ctx.needs_input_grad[1]:
         dw = x.t() @ dy_full
-    return dx, dw, None
+    return dx, dw, None, None
 
 
 _ag_gemm.register_autograd(_ag_gemm_backward, setup_context=_save_inputs)
@@ -390,14 +424,16 @@ _gemm_rs.register_autograd(_gemm_rs_backward, setup_context=_save_inputs)
 
 
 # ------------------------------------------------------------------------------ torch-style functions
-def all_gather(x):
-    """``torch.cat`` of every rank's `x` along dim 0 (differentiable: backward reduce_scatter)."""
-    return torch.ops.tilescale.all_gather(x, world_size())
+def all_gather(x, *, group=None):
+    """``torch.cat`` of every rank's `x` along dim 0 (of `group`'s ranks; differentiable: backward reduce_scatter)."""
+    g = group_name(group)
+    return torch.ops.tilescale.all_gather(x, world_size(g), g)
 
 
-def reduce_scatter(x):
-    """This rank's dim-0 slice of the sum over ranks (differentiable: backward all_gather)."""
-    return torch.ops.tilescale.reduce_scatter(x, world_size())
+def reduce_scatter(x, *, group=None):
+    """This rank's dim-0 slice of the sum over ranks (of `group`; differentiable: backward all_gather)."""
+    g = group_name(group)
+    return torch.ops.tilescale.reduce_scatter(x, world_size(g), g)
 
 
 def all_reduce(x):
@@ -421,19 +457,23 @@ def broadcast(x, src: int):
     return torch.ops.tilescale.broadcast(x, src)
 
 
-def ag_gemm(a, b):
-    """``all_gather(a) @ b`` (A by rows, B local), overlapped, differentiable."""
-    return torch.ops.tilescale.ag_gemm(a, b, world_size())
+def ag_gemm(a, b, *, group=None):
+    """``all_gather(a) @ b`` (A by rows, B local; over `group`'s ranks), overlapped, differentiable."""
+    g = group_name(group)
+    return torch.ops.tilescale.ag_gemm(a, b, world_size(g), g)
 
 
-def ag_gemm_gathered(a, b):
-    """``(all_gather(a), all_gather(a) @ b)``, differentiable through both outputs."""
-    return torch.ops.tilescale.ag_gemm_gathered(a, b, world_size())
+def ag_gemm_gathered(a, b, *, group=None):
+    """``(all_gather(a), all_gather(a) @ b)`` (over `group`'s ranks), differentiable through both outputs."""
+    g = group_name(group)
+    return torch.ops.tilescale.ag_gemm_gathered(a, b, world_size(g), g)
 
 
-def gemm_rs(x, w):
-    """``reduce_scatter(x @ w)`` (x: every row, this rank's K slice), overlapped, differentiable."""
-    return torch.ops.tilescale.gemm_rs(x, w, world_size())
+def gemm_rs(x, w, *, group=None):
+    """``reduce_scatter(x @ w)`` (x: every row, this rank's K slice; over `group`'s ranks), overlapped,
+    differentiable."""
+    g = group_name(group)
+    return torch.ops.tilescale.gemm_rs(x, w, world_size(g), g)
 
 
 def _init_debug() -> None:
