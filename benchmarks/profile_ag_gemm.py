@@ -186,10 +186,8 @@ def _jobs(M, K, N, W):
 
     jobs = []
     for _, args in kernels(M, N, K, W, "bfloat16"):   # the GEMM of the own rows, then (W > 1) of the others'
-        bound = ag_gemm_kernel.signature.bind(*args)   # the same kernel with profile=True, as positional args
-        bound.apply_defaults()
-        bound.arguments["profile"] = True
-        jobs += [(ag_gemm_kernel, args), (ag_gemm_kernel, tuple(bound.arguments.values()))]
+        # the same kernel with profile=True (its 12th argument), as AGGemm builds it with `profile`
+        jobs += [(ag_gemm_kernel, args), (ag_gemm_kernel, args[:11] + (True,) + args[12:])]
     try:  # the AllGather of the overhead measurement (what its constructor will build)
         from tilescale.ops.allgather import allgather_kernel, default_blocks_per_peer
 
