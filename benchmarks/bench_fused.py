@@ -16,7 +16,9 @@ events, timing.time_interleaved, so that every column runs in the same power and
 timing.time_ops; the column timed after a light one, such as cuBLAS after NCCL, runs on a cooler GPU: the same
 kernels measure 0.92 or 0.99 of cuBLAS by the order of the columns) or ``sequential`` (each
 column's repeats before the next column's). ``--reverse`` times the columns in the
-reverse order.
+reverse order. ``--group-size G``: the world split into groups of G consecutive ranks (the TP groups of a DP x TP
+job), every op, collective and async-TP call over this rank's group, all groups side by side; W is then G, and a
+column's time the slowest rank's of any group (compare with a run of a world of G).
 """
 import argparse
 import math
@@ -46,15 +48,16 @@ TIMING = "interleaved"   # --timing (see timer)
 REVERSE = False          # --reverse: the columns timed in the reverse order
 
 
-def _async_tp():
-    """(fused_all_gather_matmul, fused_matmul_reduce_scatter, group name) where this torch has them."""
+def _async_tp(group=None):
+    """(fused_all_gather_matmul, fused_matmul_reduce_scatter, group name) where this torch has them (over `group`:
+    None, the world)."""
     import torch
     import torch.distributed as dist
 
     try:
         import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
 
-        name = dist.group.WORLD.group_name
+        name = (group or dist.group.WORLD).group_name
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(name)
         return torch.ops.symm_mem.fused_all_gather_matmul, torch.ops.symm_mem.fused_matmul_reduce_scatter, name
@@ -89,8 +92,8 @@ def run_ag_gemm(info, shapes, dtype, quick):
     import torch
     import torch.distributed as dist
 
-    W, rank = info.world_size, info.rank
-    ag_mm, _, group = _async_tp()
+    W, rank, pg = info.world_size, info.rank, info.group
+    ag_mm, _, group = _async_tp(pg)
     rows = []
     for M, K, N in shapes:
         if M % (W * 128):
@@ -98,12 +101,13 @@ def run_ag_gemm(info, shapes, dtype, quick):
         g = torch.Generator(device="cuda").manual_seed(rank)
         a = torch.randn(M // W, K, device="cuda", dtype=dtype, generator=g)
         b = (torch.randn(K, N, device="cuda", dtype=dtype, generator=g) / K ** 0.5)
-        op = tilescale.ops.AGGemm(M, N, K, dtype)      # its path: the committed table (ops/fused_paths.py)
+        gk = {} if pg is None else {"group": pg}      # (an older tree, compare_fused.sh: no groups)
+        op = tilescale.ops.AGGemm(M, N, K, dtype, **gk)      # its path: the committed table (ops/fused_paths.py)
         fused = getattr(op, "fused", True)             # (an older tree, compare_fused.sh: always fused)
-        fop = op if fused else tilescale.ops.AGGemm(M, N, K, dtype, fused=True)   # the fused kernels
+        fop = op if fused else tilescale.ops.AGGemm(M, N, K, dtype, fused=True, **gk)   # the fused kernels
         c = torch.empty(M, N, device="cuda", dtype=dtype)
         a_full = torch.empty(M, K, device="cuda", dtype=dtype)
-        dist.all_gather_into_tensor(a_full, a)
+        dist.all_gather_into_tensor(a_full, a, group=pg)
         ref = a_full @ b
         for o in dict.fromkeys((op, fop)):    # the same order on every rank (a set's order follows ids)
             c.fill_(float("nan"))
@@ -142,9 +146,9 @@ def run_ag_gemm(info, shapes, dtype, quick):
             def ts_gemm():
                 fop.kernel_own(a, b, c_k, *fop.tail[0])
         fns = dict(
-            nccl=lambda: dist.all_gather_into_tensor(a_full, a),
+            nccl=lambda: dist.all_gather_into_tensor(a_full, a, group=pg),
             cublas=lambda: torch.matmul(a_full, b, out=ref),
-            nccl_cublas=lambda: (dist.all_gather_into_tensor(a_full, a), torch.matmul(a_full, b, out=ref)),
+            nccl_cublas=lambda: (dist.all_gather_into_tensor(a_full, a, group=pg), torch.matmul(a_full, b, out=ref)),
             tilescale=lambda: op(a, b, out=c),
             ts_gemm=ts_gemm,
         )
@@ -163,8 +167,8 @@ def run_gemm_rs(info, shapes, dtype, quick):
     import torch
     import torch.distributed as dist
 
-    W, rank = info.world_size, info.rank
-    _, mm_rs, group = _async_tp()
+    W, rank, pg = info.world_size, info.rank, info.group
+    _, mm_rs, group = _async_tp(pg)
     rows = []
     for M, K, N in shapes:
         if M % (W * 128) or K % W:
@@ -173,11 +177,11 @@ def run_gemm_rs(info, shapes, dtype, quick):
         g = torch.Generator(device="cuda").manual_seed(rank)
         x = torch.randn(M, kl, device="cuda", dtype=dtype, generator=g)
         w = torch.randn(kl, N, device="cuda", dtype=dtype, generator=g) / kl ** 0.5
-        op = tilescale.ops.GemmRS(M, N, kl, dtype)
+        op = tilescale.ops.GemmRS(M, N, kl, dtype, **({} if pg is None else {"group": pg}))
         out = torch.empty(M // W, N, device="cuda", dtype=dtype)
         partial = x @ w
         ref = torch.empty(M // W, N, device="cuda", dtype=dtype)
-        dist.reduce_scatter_tensor(ref, partial)
+        dist.reduce_scatter_tensor(ref, partial, group=pg)
         op(x, w, out=out)
         torch.cuda.synchronize()
         err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
@@ -185,9 +189,9 @@ def run_gemm_rs(info, shapes, dtype, quick):
             raise AssertionError(f"[rank {rank}] gemm_rs {M}x{K}x{N}: relative error {err:.3g} vs NCCL")
         it = 5 if quick else 20
         fns = dict(
-            nccl=lambda: dist.reduce_scatter_tensor(ref, partial),
+            nccl=lambda: dist.reduce_scatter_tensor(ref, partial, group=pg),
             cublas=lambda: torch.matmul(x, w, out=partial),
-            nccl_cublas=lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial)),
+            nccl_cublas=lambda: (torch.matmul(x, w, out=partial), dist.reduce_scatter_tensor(ref, partial, group=pg)),
             tilescale=lambda: op(x, w, out=out),
             ts_gemm=_gemm_alone(op, x, w),
         )
@@ -270,13 +274,33 @@ def report(rows, W, title) -> str:
     return text + "\n\n" + "\n".join(lines) + "\n"
 
 
+def grouped(info, size: int):
+    """`info` as the benchmark reads it: world_size, rank and group of this rank's group of `size` consecutive ranks
+    (0: the world, group None); ``first``: whether this rank reports (the world's rank 0)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    first = info.rank == 0
+    if not size:
+        return SimpleNamespace(world_size=info.world_size, rank=info.rank, group=None, first=first)
+    if size < 1 or info.world_size % size:
+        raise SystemExit(f"--group-size {size}: expected a divisor of the world size {info.world_size}")
+    groups = [dist.new_group(list(range(s, s + size))) for s in range(0, info.world_size, size)]   # (every rank
+    return SimpleNamespace(world_size=size, rank=info.rank % size, group=groups[info.rank // size], first=first)
+    # makes every group, in the same order, as torch requires)
+
+
 def run(info, args):
     import torch
 
     from tilescale.ops import prebuild
 
     dtype = getattr(torch, args.dtype)
+    world = info.world_size
+    info = grouped(info, args.group_size)
     W = info.world_size
+    where = f"{W} x {environment()['gpu']}" if W == world else f"groups of {W} of {world} x {environment()['gpu']}"
     jobs = []
     small = [] if args.no_small else SMALL_SHAPES
     ag_shapes, rs_shapes = AG_SHAPES[:args.max_shapes] + small, RS_SHAPES[:args.max_shapes] + small
@@ -287,24 +311,26 @@ def run(info, args):
 
         rs = prebuild.gemm_rs_jobs(rs_shapes, W, args.dtype)
         jobs += rs + [(gemm_rs_push_loopback_kernel, a) for fn, a in rs if fn is gemm_rs_push_kernel]  # _gemm_alone
-    prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
+    if info.group is None:   # (a group's kernels are its own: each op builds them)
+        prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
     all_rows, tables = [], []
     if args.op in ("ag_gemm", "both"):
         rows = run_ag_gemm(info, ag_shapes, dtype, args.quick)
-        if info.rank == 0:
-            tables.append(report(rows, W, f"AG+GEMM {args.dtype}, {W} x {environment()['gpu']} (us)"))
+        if info.first:
+            tables.append(report(rows, W, f"AG+GEMM {args.dtype}, {where} (us)"))
         all_rows += rows
     if args.op in ("gemm_rs", "both"):
         rows = run_gemm_rs(info, rs_shapes, dtype, args.quick)
-        if info.rank == 0:
-            tables.append(report(rows, W, f"GEMM+RS {args.dtype}, {W} x {environment()['gpu']} (us)"))
+        if info.first:
+            tables.append(report(rows, W, f"GEMM+RS {args.dtype}, {where} (us)"))
         all_rows += rows
-    if info.rank == 0:
+    if info.first:
         env = environment()
-        write_json(args.json, dict(env=env, dtype=args.dtype, timing=TIMING, reverse=REVERSE, rows=all_rows))
+        write_json(args.json, dict(env=env, dtype=args.dtype, timing=TIMING, reverse=REVERSE,
+                                   group_size=args.group_size or world, rows=all_rows))
         if args.json:   # the table beside the JSON (benchmarks/results/<machine>/fused.md)
             write_markdown(str(Path(args.json).with_suffix(".md")), env, tables)
-    print(f"[rank {info.rank}] OK: fused benchmark done", flush=True)
+    print(f"[rank {torch.distributed.get_rank()}] OK: fused benchmark done", flush=True)
 
 
 def build(world_size):
@@ -325,6 +351,8 @@ if __name__ == "__main__":
     ap.add_argument("--timing", choices=["turns", "interleaved", "sequential"], default=TIMING,
                     help="how the columns of a shape are timed (module docstring)")
     ap.add_argument("--reverse", action="store_true", help="time the columns in the reverse order")
+    ap.add_argument("--group-size", type=int, default=0,
+                    help="run over groups of this many consecutive ranks, side by side (module docstring)")
     a = ap.parse_args()
     TIMING, REVERSE = a.timing, a.reverse
     tilescale.testing.example_main(lambda info: run(info, a), build)

@@ -297,6 +297,18 @@ TORCHS = str(Path(compat.symm_mem_module().__file__))
 OURS = str(Path(inductor_async_tp.__file__))
 
 
+def test_switch_marks_the_tp_groups_given(fake_group, no_switch):
+    """groups=: the TP groups (a ProcessGroup, a name) are marked for symmetric memory with the world's, so that the
+    pass fuses their collectives too; a group not given stays unmarked."""
+    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
+
+    fake_group(4)                                     # (rank 0; every group made on every rank)
+    tp, _, other, by_name = (dist.new_group(r) for r in ([0, 1], [2, 3], [0, 2], [0, 3]))
+    with inductor_async_tp.use_for_inductor_async_tp(groups=[tp, by_name.group_name]):
+        assert all(is_symm_mem_enabled_for_group(g.group_name) for g in (tp, by_name))
+        assert not is_symm_mem_enabled_for_group(other.group_name)
+
+
 def test_switch_installs_and_removes(fake_group, no_switch):
     import torch._inductor.config as inductor_config
     from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group

@@ -86,3 +86,27 @@ def test_interleaved_timing_aligns_ranks_before_each_call(monkeypatch):
     calls.clear()
     timing.time_interleaved({"a": fn}, warmup=0, iters=2, repeats=1, align=False)
     assert calls == ["record", "fn", "record"] * 2
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_group_size_splits_the_world_into_groups_of_consecutive_ranks(rank):
+    """--group-size 2 in a world of 4: this rank's group of 2 consecutive ranks (torch.distributed's fake backend,
+    every group made on every rank), its rank in it; world rank 0 alone reports. 0: the world as it is; a size that
+    does not divide the world stops the benchmark."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+    try:
+        info = SimpleNamespace(world_size=4, rank=rank)
+        g = bench_fused.grouped(info, 2)
+        assert (g.world_size, g.rank, g.first) == (2, rank % 2, rank == 0)
+        assert dist.get_process_group_ranks(g.group) == ([0, 1] if rank < 2 else [2, 3])
+        w = bench_fused.grouped(info, 0)
+        assert (w.world_size, w.rank, w.group) == (4, rank, None)
+        with pytest.raises(SystemExit, match="--group-size 3: expected a divisor of the world size 4"):
+            bench_fused.grouped(info, 3)
+    finally:
+        dist.destroy_process_group()

@@ -14,7 +14,7 @@ from test_codegen import kernel_function, lower_source  # noqa: E402
 from torch_worlds import ThreadWorld, randn, world_fixture  # noqa: E402, F401
 
 from tilescale import errors, runtime  # noqa: E402
-from tilescale.ops import allgather, checks, gemm_rs_path, reduce_scatter  # noqa: E402
+from tilescale.ops import allgather, allreduce, checks, gemm_rs_path, reduce_scatter  # noqa: E402
 from tilescale.ops import gemm_reduce_scatter as grs  # noqa: E402
 from tilescale.pytorch import async_tp, torch_ops  # noqa: E402
 from tilescale.runtime import team  # noqa: E402
@@ -177,9 +177,12 @@ def _code(fn, args) -> str:
 @pytest.mark.parametrize("t,me,pe", [(Team(2, 1, 2), "(nvshmem_my_pe() - 2)", "+ 2)"),
                                      (Team(1, 2, 2), "((nvshmem_my_pe() - 1) >> 1)", "* 2) + 1)")])
 def test_a_groups_kernels_address_its_ranks(t, me, pe):
-    """AllGather's and ReduceScatter's kernels for a group: this rank's index in it from its PE, and each peer's PE
-    from its index in it; the world's kernels (no team) take NVSHMEM's PE as the rank and a peer's rank as its PE."""
-    for fn, args in (*allgather.kernels(1 << 20, 2, "bfloat16"), *reduce_scatter.kernels(1 << 20, 2, "bfloat16", 132)):
+    """AllGather's, ReduceScatter's and AllReduce's kernels for a group: this rank's index in it from its PE, and each
+    peer's PE from its index in it; the world's kernels (no team) take NVSHMEM's PE as the rank and a peer's rank as
+    its PE."""
+    jobs = [*allgather.kernels(1 << 20, 2, "bfloat16"), *reduce_scatter.kernels(1 << 20, 2, "bfloat16", 132),
+            *allreduce.kernels(1 << 20, 2, "bfloat16", 132)]        # (AllReduce: one-shot and two-shot)
+    for fn, args in jobs:
         world, group = _code(fn, args), _code(fn, (*args, t))     # (AllGather adds its team so: AllGather.__init__)
         assert "int me = nvshmem_my_pe();" in world and f"int me = {me};" in group
         put = [ln for ln in group.splitlines() if "tilescale::put_signal<" in ln]

@@ -2,8 +2,9 @@
 consecutive ranks (TP groups of a DP x TP job: [0, 1], [2, 3]) and then the groups of every other rank ([0, 2],
 [1, 3]). Both groups run side by side; every rank checks each op against torch.distributed over its group (NCCL, or
 gloo on host copies where ranks share a GPU) on random data, outputs poisoned (NaN) before each call, two calls
-back to back: AllGather, ReduceScatter, AGGemm (fused), GemmRS, the cached functions, the torch operators and the
-async-TP drop-ins with the group's name. Run by tests/test_groups_cpu.py at 4 ranks.
+back to back: AllGather, ReduceScatter, AllReduce (one-shot, two-shot), AGGemm (fused), GemmRS, the cached
+functions, the torch operators and the async-TP drop-ins with the group's name. Run by tests/test_groups_cpu.py at
+4 ranks.
 
     GPUS=4 bash launch.sh tests/gpu/groups_main.py
 """
@@ -65,6 +66,20 @@ def run(info):
             out = torch.full((ROWS, N), float("nan"), device="cuda", dtype=bf16)
             check(f"reduce_scatter_tensor call {call}, {where}",
                   tilescale.ops.reduce_scatter_tensor(out, x, group=pg), want)
+
+            for algo in ("one_shot", "two_shot"):
+                t = torch.randn(ROWS, N, device="cuda", generator=gen).to(bf16)
+                want = t.float()
+                ref.all_reduce(want, group=pg)
+                ar = tilescale.ops.AllReduce(t.shape, bf16, algo=algo, group=pg)
+                out = torch.full_like(t, float("nan"))
+                ar(t, out=out)
+                check(f"AllReduce ({algo}) call {call}, {where}", out, want)
+                ar.close()
+            t = torch.randn(ROWS, N, device="cuda", generator=gen).to(bf16)
+            want = t.float()
+            ref.all_reduce(want, group=pg)
+            check(f"all_reduce call {call}, {where}", tilescale.ops.all_reduce(t, group=pg), want)
 
             op = tilescale.ops.AGGemm(G * ROWS, N, K, bf16, group=pg, fused=True)
             c = torch.full((G * ROWS, N), float("nan"), device="cuda", dtype=bf16)

@@ -82,8 +82,9 @@ def sum_chunk(x, recv, out, lo, hi, par, me, tx, world_size: int, threads: int, 
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512):
-    """One-shot kernel of :class:`AllReduce`; the vector count `nv` is a run-time argument."""
+def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512, team=None):
+    """One-shot kernel of :class:`AllReduce`; the vector count `nv` is a run-time argument; `team`: the ranks of the
+    op's group (tilescale.runtime.team.kernel_team; None: the world)."""
     W = world_size
     vec = 16 // (4 if dtype == "float32" else 2)
     nv = T.dynamic("nv")
@@ -94,7 +95,7 @@ def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
                            counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
             epoch = T.call_number(counters)
-            me = T.get_rank()
+            me = T.team_rank(team)
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
             chunk = T.ceildiv(nv, blocks)
@@ -102,7 +103,8 @@ def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
             hi = T.min(lo + chunk, nv)
             for j in T.serial(W - 1):
                 p = (me + 1 + j) % W
-                T.put_signal_block(x[lo:hi, :], recv[par, me, lo:hi, :], flags[b, me], value=epoch, dst_pe=p)
+                T.put_signal_block(x[lo:hi, :], recv[par, me, lo:hi, :], flags[b, me], value=epoch,
+                                   dst_pe=T.team_pe(team, p))
             if tx < W:
                 if tx != me:
                     T.wait_until(flags[b, tx], cmp="ge", value=epoch)
@@ -113,8 +115,9 @@ def allreduce_one_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def allreduce_two_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512):
-    """Two-shot kernel of :class:`AllReduce`; the slice length `sv` (vectors) is a run-time argument."""
+def allreduce_two_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512, team=None):
+    """Two-shot kernel of :class:`AllReduce`; the slice length `sv` (vectors) is a run-time argument; `team` as the
+    one-shot kernel's."""
     W = world_size
     vec = 16 // (4 if dtype == "float32" else 2)
     sv = T.dynamic("sv")
@@ -125,26 +128,27 @@ def allreduce_two_shot_kernel(world_size: int, blocks: int, dtype: str = "bfloat
                            flags: T.Tensor((2, blocks, W), SIGNAL), counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
             epoch = T.call_number(counters)
-            me = T.get_rank()
+            me = T.team_rank(team)
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
             chunk = T.ceildiv(sv, blocks)
             lo = T.min(b * chunk, sv)
             hi = T.min(lo + chunk, sv)
             # 1-3: reduce chunk b of this rank's slice into out[rank] and red[par] ...
-            push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, W, threads, dtype, vec, out, me, red, par, True)
+            push_and_reduce(x, recv, flags, b, lo, hi, par, epoch, W, threads, dtype, vec, out, me, red, par, True,
+                            team)
             T.sync_threads()
             # 4: ... and tell every peer it is there
             if tx >= 1:
                 if tx < W:
-                    T.st(flags[1, b, me], epoch, scope="sys", sem="release", dst_pe=(me + tx) % W)
+                    T.st(flags[1, b, me], epoch, scope="sys", sem="release", dst_pe=T.team_pe(team, (me + tx) % W))
             # 5: gather every peer's reduced chunk b
             for j in T.serial(W - 1):
                 s = (me + W - 1 - j) % W
                 if tx == 0:
                     T.wait_until(flags[1, b, s], cmp="ge", value=epoch)
                 T.sync_threads()
-                T.get_block(red[par, lo:hi, :], out[s, lo:hi, :], src_pe=s)
+                T.get_block(red[par, lo:hi, :], out[s, lo:hi, :], src_pe=T.team_pe(team, s))
 
     return allreduce_two_shot
 
@@ -156,14 +160,16 @@ def resolve_algo(algo: str, nbytes: int, world_size: int) -> str:
     return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES or world_size == 1 else "two_shot"
 
 
-def kernels(nbytes: int, world_size: int, dtype: str, sms: int, algo: str | None = None, threads: int = 512) -> list:
+def kernels(nbytes: int, world_size: int, dtype: str, sms: int, algo: str | None = None, threads: int = 512,
+            team=None) -> list:
     """[(jit function, args)] of the kernel :class:`AllReduce` builds for `nbytes` per rank with `algo`
-    (None: of both algorithms)."""
+    (None: of both algorithms) among the ranks of `team` (a kernel's group; None: the world)."""
     out = []
     for a in (("one_shot", "two_shot") if algo is None else (resolve_algo(algo, nbytes, world_size),)):
         fn, table = (allreduce_one_shot_kernel, ONE_SHOT_BLOCKS) if a == "one_shot" else \
             (allreduce_two_shot_kernel, TWO_SHOT_BLOCKS)
-        out.append((fn, (world_size, vectors.blocks_for(nbytes, table, sms), dtype, threads)))
+        args = (world_size, vectors.blocks_for(nbytes, table, sms), dtype, threads)
+        out.append((fn, args if team is None else (*args, team)))
     return out
 
 
@@ -174,16 +180,17 @@ class AllReduce(Op):
     AllGather of the reduced slices: least traffic), or "auto" (one-shot up to ``ONE_SHOT_MAX_BYTES``).
     Collective to construct (allocates symmetric receive buffers; checks that every rank passed the same
     shape, dtype and algo). ``ar(x)`` returns a new tensor with the sum; ``ar(x, out=t)`` writes it into
-    `t` (which may be `x`: in place).
+    `t` (which may be `x`: in place). `group`: the ranks it sums over (tilescale.runtime.team; None: the world).
     """
 
     NAME, KERNEL = "AllReduce", "allreduce"
     GRAPH_SAFE = True
 
-    def __init__(self, shape, dtype, *, algo: str = "auto", blocks: int | None = None, threads: int = 512):
+    def __init__(self, shape, dtype, *, algo: str = "auto", blocks: int | None = None, threads: int = 512,
+                 group=None):
         import torch
 
-        with self.arguments(shape=shape, dtype=dtype, algo=algo, blocks=blocks, threads=threads):
+        with self.arguments(shape=shape, dtype=dtype, algo=algo, blocks=blocks, threads=threads, group=group):
             checks.as_choice("AllReduce", "algo", algo, ("auto", *ALGOS))
             self.shape = vectors.as_shape("AllReduce", shape)
             vectors.check_dtype("AllReduce", dtype)
@@ -198,7 +205,8 @@ class AllReduce(Op):
         nbytes = n * vectors.element_size(dtype)
         self.algo = algo = resolve_algo(algo, nbytes, W)
         self.vec = vec = vectors.vector_width(dtype)
-        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), algo, threads)
+        [(fn, args)] = kernels(nbytes, W, vectors.dtype_name(dtype), vectors.sm_count(), algo, threads,
+                               self.kernel_team)
         self.blocks = blocks or args[1]
         if algo == "one_shot":
             self.nv = -(-n // vec)
@@ -227,27 +235,33 @@ class AllReduce(Op):
 
 
 @op_cache.cached(16)
-def _cached(n, dtype, algo, world_size):
-    return AllReduce((n,), dtype, algo=algo)
+def _cached(n, dtype, algo, world_size, group=None):
+    return AllReduce((n,), dtype, algo=algo, group=group)
 
 
 _fn_check = checks.CallCheck("all_reduce")
 
 
-def _validate_fn(tensor, op, algo) -> None:
+def _validate_fn(tensor, op, algo, group=None) -> None:
+    if group is not None:
+        from ..runtime import team
+
+        team.of_group("all_reduce", group)     # a bad group: an argument error, agreed as the others
     checks.check_op("all_reduce", op)
     checks.as_choice("all_reduce", "algo", algo, ("auto", *ALGOS))
     checks.check_tensor("all_reduce", "tensor", tensor)
     vectors.check_dtype("all_reduce", tensor.dtype, "tensor")
 
 
-def all_reduce(tensor, *, op="sum", algo="auto"):
-    """``torch.distributed.all_reduce(tensor)`` (sum), in place: `tensor` receives the sum over ranks and
-    is returned. One :class:`AllReduce` per (numel, dtype, algo) is built on first use and cached."""
+def all_reduce(tensor, *, op="sum", algo="auto", group=None):
+    """``torch.distributed.all_reduce(tensor, group=group)`` (sum), in place: `tensor` receives the sum over ranks
+    (of `group`: tilescale.runtime.team) and is returned. One :class:`AllReduce` per (numel, dtype, algo, group) is
+    built on first use and cached."""
     from .. import runtime
 
-    _fn_check((checks.signature(tensor), op if isinstance(op, str) else str(op), algo), _validate_fn, tensor, op, algo)
-    ar = _cached(tensor.numel(), tensor.dtype, algo, runtime.current().info.world_size)
+    _fn_check((checks.signature(tensor), op if isinstance(op, str) else str(op), algo, group), _validate_fn, tensor,
+              op, algo, group)
+    ar = _cached(tensor.numel(), tensor.dtype, algo, runtime.current().info.world_size, group)
     if tensor.is_contiguous():
         flat = tensor.view(-1)
         ar(flat, out=flat)

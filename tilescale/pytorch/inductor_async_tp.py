@@ -16,13 +16,14 @@ kernels, as before)::
 
 What the switch sets while installed, and puts back: the two kernels; ``torch._inductor.config._micro_pipeline_tp``
 (on; Inductor reads it when it compiles a graph, so graphs compiled inside keep their fused calls). What it leaves:
-the world group marked for symmetric memory (``enable_symm_mem_for_group``: the pass fuses only marked groups;
-torch has no unmarking). The kernels are read when a compiled graph runs: a graph compiled with the pass runs
-tilescale's kernels while the switch is installed and torch's after. Unchanged: the ops' meta kernels (torch's:
-Inductor plans with their shapes and strides, and asserts them on the outputs, which tilescale's drop-ins match),
-their schemas, and the fp8 variants (``fused_all_gather_scaled_matmul``, ``fused_scaled_matmul_reduce_scatter``).
+the world group (and the ``groups`` given) marked for symmetric memory (``enable_symm_mem_for_group``: the pass fuses
+only marked groups; torch has no unmarking). The kernels are read when a compiled graph runs: a graph compiled with
+the pass runs tilescale's kernels while the switch is installed and torch's after. Unchanged: the ops' meta kernels
+(torch's: Inductor plans with their shapes and strides, and asserts them on the outputs, which tilescale's drop-ins
+match), their schemas, and the fp8 variants (``fused_all_gather_scaled_matmul``,
+``fused_scaled_matmul_reduce_scatter``).
 
-A call tilescale does not serve (a group other than the whole world, a reduce_op or a dtype it does not take:
+A call tilescale does not serve (a group whose ranks are not evenly spaced, a reduce_op or a dtype it does not take:
 :mod:`.async_tp`) runs torch's own kernel (the Python function torch registered, called directly:
 ``tilescale.compat.symm_mem_kernel``), with a debug line (``TILESCALE_DIST_DEBUG=1``).
 """
@@ -68,7 +69,7 @@ class InductorAsyncTP:
     torch's kernels and the pass's setting back. ``calls``: how many calls of each op its kernels took, and how many
     of them went on to torch's kernel (``"<op> (torch)"``); replays of a CUDA graph are not counted."""
 
-    def __init__(self, device_types: tuple[str, ...], enable_pass: bool):
+    def __init__(self, device_types: tuple[str, ...], enable_pass: bool, groups: tuple = ()):
         import collections
 
         import torch
@@ -83,7 +84,10 @@ class InductorAsyncTP:
                 raise RuntimeError("use_for_inductor_async_tp: torch.distributed is not initialised: call "
                                    "tilescale.init_distributed() first (the pass fuses the collectives of groups "
                                    "marked for symmetric memory; the switch marks the whole world's)")
-            compat.mark_group_for_symm_mem(dist.group.WORLD.group_name)
+            from .torch_ops import group_name
+
+            for name in (dist.group.WORLD.group_name, *(group_name(g) for g in groups)):
+                compat.mark_group_for_symm_mem(name)
         # The kernels live as long as this Library (torch.library's lifetime rule): remove() drops the one reference
         # to it, and its finalizer takes them out of the dispatcher, whose kernels are torch's again.
         self._lib = torch.library.Library("symm_mem", "IMPL")
@@ -121,7 +125,8 @@ class InductorAsyncTP:
         return f"InductorAsyncTP({'installed' if self.installed else 'removed'}, device_types={self.device_types})"
 
 
-def use_for_inductor_async_tp(*, enable_pass: bool = True, device_types: Sequence[str] = ("cuda",)) -> InductorAsyncTP:
+def use_for_inductor_async_tp(*, enable_pass: bool = True, device_types: Sequence[str] = ("cuda",),
+                              groups: Sequence = ()) -> InductorAsyncTP:
     """Have ``torch.ops.symm_mem.fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` (what Inductor's
     micro-pipeline TP pass rewrites a TP graph into) run tilescale's drop-ins, until the returned handle's
     ``remove()`` or the end of its ``with`` block (module docstring).
@@ -130,6 +135,9 @@ def use_for_inductor_async_tp(*, enable_pass: bool = True, device_types: Sequenc
         enable_pass: also turn the pass on (``torch._inductor.config._micro_pipeline_tp``, put back by remove())
             and mark the whole world's group for symmetric memory (the pass fuses only marked groups): needs
             torch.distributed initialised (``tilescale.init_distributed()``). False: the kernels only.
+        groups: the TP groups (ProcessGroups, their names, 1-D DeviceMeshes) whose collectives the pass should fuse
+            too: marked for symmetric memory with the world's (tilescale serves groups of evenly spaced ranks;
+            :mod:`.async_tp`).
         device_types: the device types whose kernels are replaced (one, or a sequence): ``("cuda",)``; the CPU
             tests add ``"cpu"`` (torch has no CPU kernel of these ops) to run them in a simulated world.
 
@@ -145,7 +153,7 @@ def use_for_inductor_async_tp(*, enable_pass: bool = True, device_types: Sequenc
                         "a non-empty sequence of them, such as ('cuda',)")
     if _installed is not None:
         raise RuntimeError(f"use_for_inductor_async_tp: already installed ({_installed!r}): remove() it first")
-    _installed = InductorAsyncTP(types, enable_pass)
+    _installed = InductorAsyncTP(types, enable_pass, tuple(groups))
     return _installed
 
 
