@@ -14,7 +14,15 @@ from test_codegen import kernel_function, lower_source  # noqa: E402
 from torch_worlds import ThreadWorld, randn, world_fixture  # noqa: E402, F401
 
 from tilescale import errors, runtime  # noqa: E402
-from tilescale.ops import allgather, allreduce, checks, gemm_rs_path, reduce_scatter  # noqa: E402
+from tilescale.ops import (  # noqa: E402,E501
+    allgather,
+    allreduce,
+    broadcast_from_root,
+    checks,
+    gemm_rs_path,
+    reduce_scatter,
+    reduce_to_root,
+)
 from tilescale.ops import gemm_reduce_scatter as grs  # noqa: E402
 from tilescale.pytorch import async_tp, torch_ops  # noqa: E402
 from tilescale.runtime import team  # noqa: E402
@@ -188,6 +196,32 @@ def test_a_groups_kernels_address_its_ranks(t, me, pe):
         put = [ln for ln in group.splitlines() if "tilescale::put_signal<" in ln]
         assert put and all(pe in ln for ln in put), put      # (the put's last argument: the peer's PE)
         assert world.replace("nvshmem_my_pe()", me) != group     # (the peers' PEs differ too)
+
+
+@pytest.mark.parametrize("mod", [broadcast_from_root, reduce_to_root])
+def test_a_groups_root_is_a_rank_of_the_group(mod):
+    """Broadcast's and Reduce's kernels for a group (ranks 1 and 3): this rank's index from its PE, and the root (a
+    run-time rank of the group) and every peer reached at their PEs, 1 + 2 x their rank."""
+    [(fn, args)] = mod.kernels(1 << 20, 2, "bfloat16", 132)
+    [(_, args_t)] = mod.kernels(1 << 20, 2, "bfloat16", 132, team=Team(1, 2, 2))
+    world, group = _code(fn, args), _code(fn, args_t)
+    assert "int me = nvshmem_my_pe();" in world and "int me = ((nvshmem_my_pe() - 1) >> 1);" in group
+    assert "((root * 2) + 1)" in group and "((root * 2) + 1)" not in world
+    assert group.count("* 2) + 1)") > world.count("* 2) + 1)")
+
+
+@pytest.mark.parametrize("fn,arg", [("broadcast", "src"), ("reduce", "dst")])
+def test_a_functions_root_must_be_in_its_group(monkeypatch, fn, arg):
+    """broadcast / reduce with a group: the root is a world rank (torch's `src` / `dst`), one of the group's."""
+    monkeypatch.setattr(runtime, "current", lambda: GroupRuntime(0, [(0, 2, 2), (1, 2, 2)] * 2))
+    monkeypatch.setattr(checks, "check_tensor", lambda *a, **k: None)     # (a CUDA tensor's checks)
+    mod = broadcast_from_root if fn == "broadcast" else reduce_to_root
+    t = torch.zeros(4, dtype=torch.float32)
+    args = (t, 1, 4, [0, 2]) if fn == "broadcast" else (t, 1, "sum", 4, [0, 2])
+    with pytest.raises(errors.OpArgumentError, match=rf"{fn}: {arg}: got 1, expected a rank of the group "
+                                                     r"\(ranks \[0, 2\]\)"):
+        mod._validate_fn(*args)
+    mod._validate_fn(*((t, 2, 4, [0, 2]) if fn == "broadcast" else (t, 2, "sum", 4, [0, 2])))
 
 
 def test_gemm_rs_reduction_of_a_group_reads_its_peers_at_their_pes():

@@ -2,9 +2,9 @@
 consecutive ranks (TP groups of a DP x TP job: [0, 1], [2, 3]) and then the groups of every other rank ([0, 2],
 [1, 3]). Both groups run side by side; every rank checks each op against torch.distributed over its group (NCCL, or
 gloo on host copies where ranks share a GPU) on random data, outputs poisoned (NaN) before each call, two calls
-back to back: AllGather, ReduceScatter, AllReduce (one-shot, two-shot), AGGemm (fused), GemmRS, the cached
-functions, the torch operators and the async-TP drop-ins with the group's name. Run by tests/test_groups_cpu.py at
-4 ranks.
+back to back: AllGather, ReduceScatter, AllReduce (one-shot, two-shot), Broadcast, Reduce, AGGemm (fused), GemmRS,
+the cached functions, the torch operators and the async-TP drop-ins with the group's name. Run by
+tests/test_groups_cpu.py at 4 ranks.
 
     GPUS=4 bash launch.sh tests/gpu/groups_main.py
 """
@@ -80,6 +80,21 @@ def run(info):
             want = t.float()
             ref.all_reduce(want, group=pg)
             check(f"all_reduce call {call}, {where}", tilescale.ops.all_reduce(t, group=pg), want)
+
+            root = members[-1]          # (a world rank: the functions take torch's src / dst)
+            t = torch.randn(ROWS, N, device="cuda", generator=gen).to(bf16)
+            want = t.clone()
+            ref.broadcast(want, src=root, group=pg)
+            got = tilescale.ops.broadcast(t.clone(), root, group=pg)
+            if not torch.equal(got, want):
+                raise AssertionError(f"[rank {rank}] broadcast from {root}, {where}: differs from torch's")
+            want = t.float()
+            ref.all_reduce(want, group=pg)       # (the sum every rank has; reduce's lands on the root only)
+            got = tilescale.ops.reduce(t.clone(), root, group=pg)
+            if rank == root:
+                check(f"reduce to {root} call {call}, {where}", got, want)
+            elif not torch.equal(got, t):
+                raise AssertionError(f"[rank {rank}] reduce to {root}, {where}: changed a tensor not the root's")
 
             op = tilescale.ops.AGGemm(G * ROWS, N, K, bf16, group=pg, fused=True)
             c = torch.full((G * ROWS, N), float("nan"), device="cuda", dtype=bf16)

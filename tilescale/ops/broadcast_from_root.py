@@ -47,8 +47,10 @@ SUB_BYTES = 64 << 10        # the unit of the stage/read pipeline
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
-    """Kernel of :class:`Broadcast` (bytes; one build serves every dtype, size and root)."""
+def broadcast_kernel(world_size: int, blocks: int, threads: int = 512, team=None):
+    """Kernel of :class:`Broadcast` (bytes; one build serves every dtype, size and root). `team`: the ranks of the
+    op's group (tilescale.runtime.team.kernel_team; None: the world): ``me``, ``root`` and the peers are ranks of
+    it."""
     W = world_size
     n = T.dynamic("n")
     n_stage = T.dynamic("n_stage")
@@ -60,7 +62,7 @@ def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
         with T.Kernel(blocks, threads=threads) as b:
             epoch = T.call_number(counters)
             epoch_old = T.max(epoch, 2) - 2     # max(e - 2, 0), in unsigned arithmetic
-            me = T.get_rank()
+            me = T.team_rank(team)
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
             chunk = T.ceildiv(T.ceildiv(n, blocks), 16) * 16      # 16-byte aligned chunks
@@ -75,11 +77,12 @@ def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
                 for k in T.serial(nsub):
                     slo = T.min(lo + k * SUB_BYTES, hi)
                     shi = T.min(slo + SUB_BYTES, hi)
-                    T.put_block(x[slo:shi], stage[par, slo:shi], dst_pe=me)   # local copy (self mapping)
+                    # a local copy (through the self mapping)
+                    T.put_block(x[slo:shi], stage[par, slo:shi], dst_pe=T.team_pe(team, me))
                     if tx < W:
                         if tx != root:
                             T.st(ready[b], (epoch - 1) * T.cast(nsub, "uint64") + T.cast(k + 1, "uint64"),
-                                 scope="sys", sem="release", dst_pe=tx)
+                                 scope="sys", sem="release", dst_pe=T.team_pe(team, tx))
             else:
                 for k in T.serial(nsub):
                     slo = T.min(lo + k * SUB_BYTES, hi)
@@ -88,17 +91,19 @@ def broadcast_kernel(world_size: int, blocks: int, threads: int = 512):
                         T.wait_until(ready[b], cmp="ge",
                                      value=(epoch - 1) * T.cast(nsub, "uint64") + T.cast(k + 1, "uint64"))
                     T.sync_threads()
-                    T.get_block(stage[par, slo:shi], out[slo:shi], src_pe=root)
+                    T.get_block(stage[par, slo:shi], out[slo:shi], src_pe=T.team_pe(team, root))
                 if tx == 0:
-                    T.st(done[b, me], epoch, scope="sys", sem="release", dst_pe=root)
+                    T.st(done[b, me], epoch, scope="sys", sem="release", dst_pe=T.team_pe(team, root))
 
     return broadcast
 
 
-def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512) -> list:
+def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512,
+            team=None) -> list:
     """[(jit function, args)] of the kernel :class:`Broadcast` builds for a message of `nbytes` (bytes: one
-    build serves every dtype)."""
-    return [(broadcast_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads))]
+    build serves every dtype) among the ranks of `team` (None: the world)."""
+    args = (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), threads)
+    return [(broadcast_kernel, args if team is None else (*args, team))]
 
 
 # The kernel computes byte offsets and sub-chunk counts (n + 4 MiB - 1) in int32: keep both below 2**31.
@@ -111,16 +116,17 @@ class Broadcast(Op):
     Collective to construct (allocates the root's symmetric staging buffer on every rank; checks that
     every rank passed the same shape, dtype and src). ``bc(x)`` overwrites `x` with the root's tensor
     on every other rank (in place, like torch) and returns it; ``bc(x, out=t)`` leaves `x` alone and
-    writes the root's tensor into `t` instead (on the root too).
+    writes the root's tensor into `t` instead (on the root too). `group`: the ranks it runs among
+    (tilescale.runtime.team; None: the world), `src` being a rank of it (torch's ``group_src``).
     """
 
     NAME, KERNEL = "Broadcast", "broadcast"
     GRAPH_SAFE = True
 
-    def __init__(self, shape, dtype, src: int, *, blocks: int | None = None, threads: int = 512):
+    def __init__(self, shape, dtype, src: int, *, blocks: int | None = None, threads: int = 512, group=None):
         import torch
 
-        with self.arguments(shape=shape, dtype=dtype, src=src, blocks=blocks, threads=threads):
+        with self.arguments(shape=shape, dtype=dtype, src=src, blocks=blocks, threads=threads, group=group):
             W = self.world_size
             vectors.check_launch("Broadcast", blocks, threads, W)
             self.shape = vectors.as_shape("Broadcast", shape)
@@ -133,13 +139,13 @@ class Broadcast(Op):
                 checks.fail("Broadcast", "shape", f"{self.shape} {dtype} ({self.nbytes} bytes)", f"at most {MAX_BYTES} "
                             "bytes (2 GiB - 8 MiB: the kernel counts bytes and sub-chunks in 32-bit integers)")
         self.dtype, self.src = dtype, src
-        [(fn, args)] = kernels(self.nbytes, W, None, vectors.sm_count(), threads)
+        [(fn, args)] = kernels(self.nbytes, W, None, vectors.sm_count(), threads, self.kernel_team)
         self.blocks = blocks or args[1]
         self.stage = self.symmetric((2, -(-self.nbytes // 16) * 16), torch.uint8)
         self.ready = self.symmetric((self.blocks,), torch.uint64, zero=True)
         self.done = self.symmetric((self.blocks, W), torch.uint64, zero=True)
-        self.kernel, self._direct = self.build(fn, (W, self.blocks, threads), ("x", "out", "stage", "ready", "done",
-                                                                              "root", "counters", "n", "n_stage"))
+        self.kernel, self._direct = self.build(fn, (W, self.blocks, *args[2:]), ("x", "out", "stage", "ready", "done",
+                                                                                "root", "counters", "n", "n_stage"))
         self.launch_args(self.stage, self.ready, self.done, src, self.call_counters(self.blocks))
 
     def __call__(self, x, out=None):
@@ -165,30 +171,37 @@ class Broadcast(Op):
 
 
 @op_cache.cached(16)
-def _cached(nbytes_shape, dtype, src, world_size):
-    return Broadcast(nbytes_shape, dtype, src)
+def _cached(nbytes_shape, dtype, src, world_size, group=None):
+    return Broadcast(nbytes_shape, dtype, src, group=group)
 
 
 _fn_check = checks.CallCheck("broadcast")
 
 
-def _validate_fn(tensor, src, W) -> None:
+def _validate_fn(tensor, src, W, group=None) -> None:
+    from ..runtime import team
+
     checks.check_tensor("broadcast", "tensor", tensor)
     if not checks._is_int(src) or src < 0 or (W is not None and src >= W):
         checks.fail("broadcast", "src", checks.describe(src), "a rank (int >= 0)" if W is None else
                     f"a rank in 0..{W - 1}", type_error=not checks._is_int(src))
+    if W is not None and group is not None and src not in (t := team.of_group("broadcast", group)):
+        checks.fail("broadcast", "src", checks.describe(src), f"a rank of the group ({t})")
 
 
-def broadcast(tensor, src: int):
-    """``torch.distributed.broadcast(tensor, src)``: every rank's `tensor` receives rank `src`'s, in
-    place; returns `tensor`. One :class:`Broadcast` per (numel, dtype, src) is built on first use."""
+def broadcast(tensor, src: int, *, group=None):
+    """``torch.distributed.broadcast(tensor, src, group)``: every rank's `tensor` receives rank `src`'s (a world
+    rank, of `group` where given: tilescale.runtime.team), in place; returns `tensor`. One :class:`Broadcast` per
+    (numel, dtype, src, group) is built on first use."""
     from .. import runtime
+    from ..runtime import team
 
     rt = checks.runtime_or_none()
-    _fn_check((checks.signature(tensor), src if checks._is_int(src) else repr(src)), _validate_fn, tensor, src,
-              rt.info.world_size if rt is not None else None)
+    _fn_check((checks.signature(tensor), src if checks._is_int(src) else repr(src), group), _validate_fn, tensor, src,
+              rt.info.world_size if rt is not None else None, group)
     W = runtime.current().info.world_size
-    bc = _cached((tensor.numel(),), tensor.dtype, src, W)
+    root = src if group is None else team.of_group("broadcast", group).index(src)   # (the group's rank)
+    bc = _cached((tensor.numel(),), tensor.dtype, root, W, group)
     if tensor.is_contiguous():
         bc(tensor.view(-1))
     else:

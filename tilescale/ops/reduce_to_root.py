@@ -43,8 +43,9 @@ BLOCKS = ((256 << 10, 16), (8 << 20, 64), (1 << 62, 128))
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512):
-    """Kernel of :class:`Reduce`; the vector count `nv` is a run-time argument."""
+def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads: int = 512, team=None):
+    """Kernel of :class:`Reduce`; the vector count `nv` is a run-time argument. `team`: the ranks of the op's group
+    (tilescale.runtime.team.kernel_team; None: the world): ``me``, ``root`` and the peers are ranks of it."""
     W = world_size
     vec = 16 // (4 if dtype == "float32" else 2)
     nv = T.dynamic("nv")
@@ -55,7 +56,7 @@ def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads
                counters: T.Tensor((blocks,), COUNTER)):
         with T.Kernel(blocks, threads=threads) as b:
             epoch = T.call_number(counters)
-            me = T.get_rank()
+            me = T.team_rank(team)
             tx = T.get_thread_binding()
             par = T.cast(epoch % 2, "int32")
             chunk = T.ceildiv(nv, blocks)
@@ -65,7 +66,8 @@ def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads
                 if tx == 0:  # 1: the root has read this buffer two calls ago
                     T.wait_until(done[b], cmp="ge", value=T.max(epoch, 2) - 2)
                 T.sync_threads()
-                T.put_signal_block(x[lo:hi, :], recv[par, me, lo:hi, :], ready[b, me], value=epoch, dst_pe=root)
+                T.put_signal_block(x[lo:hi, :], recv[par, me, lo:hi, :], ready[b, me], value=epoch,
+                                   dst_pe=T.team_pe(team, root))
             else:
                 if tx < W:   # 2: every rank's chunk b is here
                     if tx != root:
@@ -75,14 +77,16 @@ def reduce_kernel(world_size: int, blocks: int, dtype: str = "bfloat16", threads
                 T.sync_threads()
                 if tx < W:
                     if tx != root:
-                        T.st(done[b], epoch, scope="sys", sem="release", dst_pe=tx)
+                        T.st(done[b], epoch, scope="sys", sem="release", dst_pe=T.team_pe(team, tx))
 
     return reduce
 
 
-def kernels(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512) -> list:
-    """[(jit function, args)] of the kernel :class:`Reduce` builds for `nbytes` per rank."""
-    return [(reduce_kernel, (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads))]
+def kernels(nbytes: int, world_size: int, dtype: str, sms: int, threads: int = 512, team=None) -> list:
+    """[(jit function, args)] of the kernel :class:`Reduce` builds for `nbytes` per rank among the ranks of `team`
+    (None: the world)."""
+    args = (world_size, vectors.blocks_for(nbytes, BLOCKS, sms), dtype, threads)
+    return [(reduce_kernel, args if team is None else (*args, team))]
 
 
 class Reduce(Op):
@@ -90,15 +94,17 @@ class Reduce(Op):
     `dst`. Collective to construct (allocates the root's receive buffer on every rank; checks that every rank
     passed the same shape, dtype and dst). ``red(x)`` writes the sum into `x` on rank dst (in place, like
     torch) and returns `x`; ``red(x, out=t)`` writes it into `t` instead. Other ranks' tensors are left alone.
+    `group`: the ranks it sums over (tilescale.runtime.team; None: the world), `dst` being a rank of it (torch's
+    ``group_dst``).
     """
 
     NAME, KERNEL = "Reduce", "reduce"
     GRAPH_SAFE = True
 
-    def __init__(self, shape, dtype, dst: int, *, blocks: int | None = None, threads: int = 512):
+    def __init__(self, shape, dtype, dst: int, *, blocks: int | None = None, threads: int = 512, group=None):
         import torch
 
-        with self.arguments(shape=shape, dtype=dtype, dst=dst, blocks=blocks, threads=threads):
+        with self.arguments(shape=shape, dtype=dtype, dst=dst, blocks=blocks, threads=threads, group=group):
             W = self.world_size
             self.shape = vectors.as_shape("Reduce", shape)
             vectors.check_dtype("Reduce", dtype)
@@ -114,7 +120,7 @@ class Reduce(Op):
         self.nv = -(-self.n // self.vec)
         self.padded = self.nv * self.vec != self.n
         [(fn, args)] = kernels(self.n * vectors.element_size(dtype), W, vectors.dtype_name(dtype), vectors.sm_count(),
-                               threads)
+                               threads, self.kernel_team)
         self.blocks = blocks or args[1]
         self.recv = self.symmetric((2, W, self.nv, self.vec), dtype)
         self.ready = self.symmetric((self.blocks, W), torch.uint64, zero=True)
@@ -131,33 +137,39 @@ class Reduce(Op):
 
 
 @op_cache.cached(16)
-def _cached(n, dtype, dst, world_size):
-    return Reduce((n,), dtype, dst)
+def _cached(n, dtype, dst, world_size, group=None):
+    return Reduce((n,), dtype, dst, group=group)
 
 
 _fn_check = checks.CallCheck("reduce")
 
 
-def _validate_fn(tensor, dst, op, W) -> None:
+def _validate_fn(tensor, dst, op, W, group=None) -> None:
+    from ..runtime import team
+
     checks.check_op("reduce", op)
     checks.check_tensor("reduce", "tensor", tensor)
     vectors.check_dtype("reduce", tensor.dtype, "tensor")
     if not checks._is_int(dst) or dst < 0 or (W is not None and dst >= W):
         checks.fail("reduce", "dst", checks.describe(dst), "a rank (int >= 0)" if W is None else
                     f"a rank in 0..{W - 1}", type_error=not checks._is_int(dst))
+    if W is not None and group is not None and dst not in (t := team.of_group("reduce", group)):
+        checks.fail("reduce", "dst", checks.describe(dst), f"a rank of the group ({t})")
 
 
-def reduce(tensor, dst: int, *, op="sum"):
-    """``torch.distributed.reduce(tensor, dst)`` (sum): rank `dst`'s `tensor` receives the sum over ranks, in
-    place; the others' are left alone; returns `tensor`. One :class:`Reduce` per (numel, dtype, dst) is built
-    on first use and cached."""
+def reduce(tensor, dst: int, *, op="sum", group=None):
+    """``torch.distributed.reduce(tensor, dst, group=group)`` (sum): rank `dst`'s `tensor` (a world rank, of
+    `group` where given: tilescale.runtime.team) receives the sum over the ranks, in place; the others' are left
+    alone; returns `tensor`. One :class:`Reduce` per (numel, dtype, dst, group) is built on first use and cached."""
     from .. import runtime
+    from ..runtime import team
 
     rt = checks.runtime_or_none()
     _fn_check((checks.signature(tensor), dst if checks._is_int(dst) else repr(dst), op if isinstance(op, str) else
-               str(op)), _validate_fn, tensor, dst, op, rt.info.world_size if rt is not None else None)
+               str(op), group), _validate_fn, tensor, dst, op, rt.info.world_size if rt is not None else None, group)
     rt = runtime.current()
-    red = _cached(tensor.numel(), tensor.dtype, dst, rt.info.world_size)
+    root = dst if group is None else team.of_group("reduce", group).index(dst)   # (the group's rank)
+    red = _cached(tensor.numel(), tensor.dtype, root, rt.info.world_size, group)
     if tensor.is_contiguous():
         red(tensor.view(-1))
     else:
