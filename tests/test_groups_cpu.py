@@ -15,6 +15,7 @@ from torch_worlds import ThreadWorld, randn, world_fixture  # noqa: E402, F401
 
 from tilescale import errors, runtime  # noqa: E402
 from tilescale.ops import (  # noqa: E402,E501
+    all_to_all,
     allgather,
     allreduce,
     broadcast_from_root,
@@ -222,6 +223,34 @@ def test_a_functions_root_must_be_in_its_group(monkeypatch, fn, arg):
                                                      r"\(ranks \[0, 2\]\)"):
         mod._validate_fn(*args)
     mod._validate_fn(*((t, 2, 4, [0, 2]) if fn == "broadcast" else (t, 2, "sum", 4, [0, 2])))
+
+
+def test_all_to_all_of_a_group_sends_to_its_ranks():
+    [(fn, args)] = all_to_all.kernels(1 << 20, 2, None, 132)
+    [(_, args_t)] = all_to_all.kernels(1 << 20, 2, None, 132, team=Team(2, 1, 2))
+    world, group = _code(fn, args), _code(fn, args_t)
+    assert "int me = nvshmem_my_pe();" in world and "int me = (nvshmem_my_pe() - 2);" in group
+    assert group.count("& 1) + 2)") - world.count("& 1) + 2)") == 2     # (the ready flag's PE and the put's)
+
+
+def _splits(send, recv, team_=None):
+    return dict(send=send, recv=recv, err=None, row=(8,), dtype="torch.bfloat16", team=team_)
+
+
+def test_all_to_all_splits_are_checked_within_each_group():
+    """all_to_all_single's split sizes over two groups ([0, 2], [1, 3]): every rank checks every group's pairs (the
+    same verdict everywhere), naming world ranks; a pair across groups is not one."""
+    g0, g1 = (0, 2, 2), (1, 2, 2)
+    ok = [_splits([1, 2], [1, 3], g0), _splits([5, 6], [5, 7], g1), _splits([3, 4], [2, 4], g0),
+          _splits([7, 8], [6, 8], g1)]
+    for rank in range(4):
+        all_to_all.check_splits(ok, rank)
+    bad = list(ok)
+    bad[2] = _splits([3, 4], [9, 4], g0)        # rank 2 expects 9 rows from its group's rank 0 (world rank 0)
+    for rank in range(4):
+        with pytest.raises(errors.CollectiveMismatchError, match=r"rank 0 sends 2 rows to rank 2 \(its "
+                           r"input_split_sizes\[1\]\) but rank 2 expects 9 \(its output_split_sizes\[0\]\)"):
+            all_to_all.check_splits(bad, rank)
 
 
 def test_gemm_rs_reduction_of_a_group_reads_its_peers_at_their_pes():

@@ -2,9 +2,9 @@
 consecutive ranks (TP groups of a DP x TP job: [0, 1], [2, 3]) and then the groups of every other rank ([0, 2],
 [1, 3]). Both groups run side by side; every rank checks each op against torch.distributed over its group (NCCL, or
 gloo on host copies where ranks share a GPU) on random data, outputs poisoned (NaN) before each call, two calls
-back to back: AllGather, ReduceScatter, AllReduce (one-shot, two-shot), Broadcast, Reduce, AGGemm (fused), GemmRS,
-the cached functions, the torch operators and the async-TP drop-ins with the group's name. Run by
-tests/test_groups_cpu.py at 4 ranks.
+back to back: AllGather, ReduceScatter, AllReduce (one-shot, two-shot), Broadcast, Reduce, AllToAll (equal and
+uneven splits), AGGemm (fused), GemmRS, the cached functions, the torch operators and the async-TP drop-ins with the
+group's name. Run by tests/test_groups_cpu.py at 4 ranks.
 
     GPUS=4 bash launch.sh tests/gpu/groups_main.py
 """
@@ -95,6 +95,16 @@ def run(info):
                 check(f"reduce to {root} call {call}, {where}", got, want)
             elif not torch.equal(got, t):
                 raise AssertionError(f"[rank {rank}] reduce to {root}, {where}: changed a tensor not the root's")
+
+            gr = members.index(rank)
+            for splits in (None, [1 + (gr + j) % G for j in range(G)]):   # equal; rows to (and from) group rank j
+                x = torch.randn(G * 4 if splits is None else sum(splits), N, device="cuda", generator=gen).to(bf16)
+                want = torch.empty_like(x)
+                ref.all_to_all_single(want, x, splits, splits, group=pg)
+                got = torch.full_like(x, float("nan"))
+                tilescale.ops.all_to_all_single(got, x, splits, splits, group=pg)
+                if not torch.equal(got, want):
+                    raise AssertionError(f"[rank {rank}] all_to_all_single (splits {splits}), {where}: differs")
 
             op = tilescale.ops.AGGemm(G * ROWS, N, K, bf16, group=pg, fused=True)
             c = torch.full((G * ROWS, N), float("nan"), device="cuda", dtype=bf16)

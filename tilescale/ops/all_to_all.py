@@ -54,8 +54,9 @@ def blocks_per_peer_for(nbytes: int, world_size: int, sms: int) -> int:
 
 
 @tilescale.jit(pass_configs=PASS_CONFIGS)
-def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512):
-    """Kernel of :class:`AllToAll` (bytes; one build serves every dtype, size and split)."""
+def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512, team=None):
+    """Kernel of :class:`AllToAll` (bytes; one build serves every dtype, size and split). `team`: the ranks of the
+    op's group (tilescale.runtime.team.kernel_team; None: the world): ``me`` and the peers are ranks of it."""
     W = world_size
     B = blocks_per_peer
     n_in = T.dynamic("n_in")
@@ -67,11 +68,11 @@ def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512)
                    arrived: T.Tensor((W,), SIGNAL), counters: T.Tensor((B * W,), COUNTER)):
         with T.Kernel(B, W, threads=threads) as (b, j):
             epoch = T.call_number(counters)
-            me = T.get_rank()
+            me = T.team_rank(team)
             peer = (me + j) % W
             tx = T.get_thread_binding()
             if tx == 0:
-                T.st(ready[me], epoch, scope="sys", sem="release", dst_pe=peer)
+                T.st(ready[me], epoch, scope="sys", sem="release", dst_pe=T.team_pe(team, peer))
                 T.wait_until(ready[peer], cmp="ge", value=epoch)
             T.sync_threads()
             send_off = meta[0, peer]
@@ -81,7 +82,7 @@ def all_to_all_kernel(world_size: int, blocks_per_peer: int, threads: int = 512)
             lo = T.min(T.cast(b, "int64") * chunk, count)
             hi = T.min(lo + chunk, count)
             T.put_signal_block(x[send_off + lo:send_off + hi], out[recv_off + lo:recv_off + hi], arrived[me],
-                               value=1, sig_op="add", dst_pe=peer)
+                               value=1, sig_op="add", dst_pe=T.team_pe(team, peer))
             if j == 0:
                 if b < W:
                     if tx == 0:
@@ -104,9 +105,11 @@ def split_table(send_rows, matrix, rank: int, row_bytes: int) -> list[list[int]]
 
 def check_splits(every: list[dict], rank: int) -> None:
     """Cross-rank check of all_to_all_single's arguments, given every rank's ``{"send", "recv", "err",
-    "row", "dtype"}``: raises on every rank alike (each rank sees the same list) unless all are valid
-    and ``send[p]`` of rank s equals ``recv[s]`` of rank p for every pair."""
+    "row", "dtype"}`` (and ``"team"``: its group's (start, stride, size), None for the world): raises on every rank
+    alike (each rank sees the same list) unless all are valid and, within each group, ``send[j]`` of its rank i
+    equals ``recv[i]`` of its rank j for every pair. Ranks in messages are world ranks."""
     from ..errors import CollectiveMismatchError
+    from ..runtime.team import Team
 
     W = len(every)
     bad = [(r, v["err"]) for r, v in enumerate(every) if v["err"]]
@@ -123,19 +126,25 @@ def check_splits(every: list[dict], rank: int) -> None:
         raise CollectiveMismatchError("all_to_all_single: ranks disagree on the row shape / dtype: " +
                                       ", ".join(f"rank {r}: {v['row']} {v['dtype']}" for r, v in enumerate(every)) +
                                       f"; this is rank {rank}")
-    wrong = [(s, p) for s in range(W) for p in range(W) if every[s]["send"][p] != every[p]["recv"][s]]
+    wrong = []
+    for s in range(W):
+        ranks = Team(*every[s]["team"]).ranks if every[s].get("team") else tuple(range(W))
+        i = ranks.index(s)
+        wrong += [(s, p, i, j) for j, p in enumerate(ranks) if every[s]["send"][j] != every[p]["recv"][i]]
     if wrong:
-        s, p = wrong[0]
+        s, p, i, j = wrong[0]
         raise CollectiveMismatchError(
-            f"all_to_all_single: split sizes disagree: rank {s} sends {every[s]['send'][p]} rows to rank {p} "
-            f"(its input_split_sizes[{p}]) but rank {p} expects {every[p]['recv'][s]} (its "
-            f"output_split_sizes[{s}]); {len(wrong)} such pair(s); this is rank {rank}")
+            f"all_to_all_single: split sizes disagree: rank {s} sends {every[s]['send'][j]} rows to rank {p} "
+            f"(its input_split_sizes[{j}]) but rank {p} expects {every[p]['recv'][i]} (its "
+            f"output_split_sizes[{i}]); {len(wrong)} such pair(s); this is rank {rank}")
 
 
-def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512) -> list:
+def kernels(nbytes: int, world_size: int, dtype: str | None = None, sms: int = 132, threads: int = 512,
+            team=None) -> list:
     """[(jit function, args)] of the kernel :class:`AllToAll` builds for `nbytes` of output per rank (bytes:
-    one build serves every dtype)."""
-    return [(all_to_all_kernel, (world_size, blocks_per_peer_for(nbytes, world_size, sms), threads))]
+    one build serves every dtype) among the ranks of `team` (None: the world)."""
+    args = (world_size, blocks_per_peer_for(nbytes, world_size, sms), threads)
+    return [(all_to_all_kernel, args if team is None else (*args, team))]
 
 
 class AllToAll(Op):
@@ -151,13 +160,13 @@ class AllToAll(Op):
     GRAPH_SAFE = True
 
     def __init__(self, shape, dtype, *, blocks_per_peer: int | None = None, threads: int = 512,
-                 _capacity_rows: int | None = None):
+                 _capacity_rows: int | None = None, group=None):
         import math
 
         import torch
 
         with self.arguments(shape=shape, dtype=dtype, capacity_rows=_capacity_rows, blocks_per_peer=blocks_per_peer,
-                            threads=threads):
+                            threads=threads, group=group):
             W = self.world_size
             self.shape = vectors.as_shape("AllToAll", shape)
             checks.as_dtype("AllToAll", "dtype", dtype)
@@ -179,7 +188,8 @@ class AllToAll(Op):
         self.dtype = dtype
         self.row_bytes = math.prod(self.shape[1:]) * vectors.element_size(dtype)
         self.capacity_rows = self.shape[0] if _capacity_rows is None else _capacity_rows
-        [(fn, args)] = kernels(self.capacity_rows * self.row_bytes, W, None, vectors.sm_count(), threads)
+        [(fn, args)] = kernels(self.capacity_rows * self.row_bytes, W, None, vectors.sm_count(), threads,
+                               self.kernel_team)
         self.blocks_per_peer = blocks_per_peer or args[1]
         # derived from this GPU's SM count: ranks on GPUs of different sizes (MIG) would wait for a different
         # number of arrivals than their peers send
@@ -189,7 +199,7 @@ class AllToAll(Op):
             torch.empty(0, dtype=torch.uint8, device=self.out.device)
         self.ready = self.symmetric((W,), torch.uint64, zero=True)
         self.arrived = self.symmetric((W,), torch.uint64, zero=True)
-        self.kernel, self._direct = self.build(fn, (W, self.blocks_per_peer, threads),
+        self.kernel, self._direct = self.build(fn, (W, self.blocks_per_peer, *args[2:]),
                                                ("x", "out", "meta", "ready", "arrived", "counters", "n_in", "n_out"))
         self.call_counters(self.blocks_per_peer * W)
         if _capacity_rows is None:
@@ -224,13 +234,13 @@ class AllToAll(Op):
 
 
 @op_cache.cached(16)
-def _cached(shape, dtype, world_size):
-    return AllToAll(shape, dtype)
+def _cached(shape, dtype, world_size, group=None):
+    return AllToAll(shape, dtype, group=group)
 
 
 @op_cache.cached(8)
-def _cached_v(row_shape, dtype, capacity_rows, world_size):
-    return AllToAll((capacity_rows, *row_shape), dtype, _capacity_rows=capacity_rows)
+def _cached_v(row_shape, dtype, capacity_rows, world_size, group=None):
+    return AllToAll((capacity_rows, *row_shape), dtype, _capacity_rows=capacity_rows, group=group)
 
 
 def _splits(name: str, sizes, rows: int, W: int) -> tuple[list[int] | None, str | None]:
@@ -254,8 +264,14 @@ def _splits(name: str, sizes, rows: int, W: int) -> tuple[list[int] | None, str 
 _fn_check = checks.CallCheck("all_to_all_single")
 
 
-def _validate_fn(output, input, W) -> None:  # noqa: A002
-    """Checks of all_to_all_single's tensors; with the world size `W`: those of equal splits too."""
+def _validate_fn(output, input, W, group=None) -> None:  # noqa: A002
+    """Checks of all_to_all_single's tensors; with the world size `W`: those of equal splits too (among the ranks of
+    `group`: tilescale.runtime.team)."""
+    if group is not None:
+        from ..runtime import team
+
+        members = team.of_group("all_to_all_single", group)   # a bad group: an argument error, agreed as the others
+        W = W and members.size
     for name, t in (("output", output), ("input", input)):
         checks.check_tensor("all_to_all_single", name, t, min_dims=1)
     if output.dtype != input.dtype or tuple(output.shape[1:]) != tuple(input.shape[1:]):
@@ -272,8 +288,9 @@ def _validate_fn(output, input, W) -> None:  # noqa: A002
                     "(or pass split sizes)")
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None):  # noqa: A002
-    """``torch.distributed.all_to_all_single(output, input, output_split_sizes, input_split_sizes)``.
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *, group=None):  # noqa: A002
+    """``torch.distributed.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)`` (among
+    the ranks of `group`: tilescale.runtime.team; split sizes per rank of the group).
 
     Equal splits (both None): one cached :class:`AllToAll` per (shape, dtype); the result is copied into
     `output` unless `output` is that op's buffer. Variable splits (rows per rank; ``input_split_sizes[p]``
@@ -282,14 +299,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     :class:`~tilescale.errors.CollectiveMismatchError` on every rank. Returns `output`.
     """
     from .. import runtime
+    from ..runtime import team
 
     equal = output_split_sizes is None and input_split_sizes is None
     rt = checks.runtime_or_none()
     if equal:  # checked (and agreed across ranks) once per signature
-        _fn_check((checks.signature(output), checks.signature(input)), _validate_fn, output, input,
-                  rt.info.world_size if rt is not None else None)
-        W = runtime.current().info.world_size
-        op = _cached(tuple(input.shape), input.dtype, W)
+        _fn_check((checks.signature(output), checks.signature(input), group), _validate_fn, output, input,
+                  rt.info.world_size if rt is not None else None, group)
+        op = _cached(tuple(input.shape), input.dtype, runtime.current().info.world_size, group)
         return op(input, out=output)
 
     # variable splits: every rank learns every rank's splits (and whether its arguments were valid)
@@ -297,22 +314,27 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         raise GraphCaptureError("all_to_all_single: split sizes during CUDA graph capture (they are exchanged "
                                 "on the host on every call, which a graph cannot replay); capture equal splits "
                                 "only (output_split_sizes = input_split_sizes = None)")
-    with checks.deferred("all_to_all_single") as d:
-        _validate_fn(output, input, None)
     rt = runtime.current()
-    W, me = rt.info.world_size, rt.info.rank
+    t = None
+    with checks.deferred("all_to_all_single") as d:
+        t = None if group is None else team.of_group("all_to_all_single", group)
+        _validate_fn(output, input, None)
+    W, me = (rt.info.world_size if t is None else t.size), rt.info.rank
+    tt = None if t is None else (t.start, t.stride, t.size)
     if d.error is not None:
-        mine = dict(send=None, recv=None, err=str(d.error).removeprefix("all_to_all_single: "), row=None, dtype=None)
+        mine = dict(send=None, recv=None, err=str(d.error).removeprefix("all_to_all_single: "), row=None, dtype=None,
+                    team=tt)
     else:
         send, err_in = _splits("input_split_sizes", input_split_sizes, input.shape[0], W)
         recv, err_out = _splits("output_split_sizes", output_split_sizes, output.shape[0], W)
-        mine = dict(send=send, recv=recv, err=err_in or err_out, row=tuple(input.shape[1:]), dtype=str(input.dtype))
-    every = rt.all_gather_object(mine)
+        mine = dict(send=send, recv=recv, err=err_in or err_out, row=tuple(input.shape[1:]), dtype=str(input.dtype),
+                    team=tt)
+    every = rt.all_gather_object(mine)     # (the whole world's: a group's op is allocated by every rank)
     check_splits(every, me)
     most = max(sum(v["recv"]) for v in every)
     capacity = 1 << max(0, (most - 1).bit_length())           # power of two: few distinct ops
-    op = _cached_v(tuple(input.shape[1:]), input.dtype, capacity, W)
-    matrix = [v["send"] for v in every]
+    op = _cached_v(tuple(input.shape[1:]), input.dtype, capacity, rt.info.world_size, group)
+    matrix = [every[p]["send"] for p in (range(W) if t is None else t.ranks)]
     op._launch(input, op._meta(send, matrix), op.ordered_stream())
     rows = output.shape[0]
     if output.data_ptr() != op.out.data_ptr() or not output.is_contiguous():
