@@ -110,6 +110,19 @@ def pg_team(start):
     return Team(start, 2, 2)
 
 
+def test_a_groups_team_is_remembered_until_finalize(monkeypatch):
+    """of_group resolves a group once per runtime (a name, a list of ranks); finalize() forgets them, as a new job
+    may give a name to other ranks."""
+    monkeypatch.setattr(runtime, "current", lambda: GroupRuntime(2, [(0, 2, 2), (1, 2, 2)] * 2))
+    team._RESOLVED.clear()
+    assert team.of_group("Op", [0, 2]) == Team(0, 2, 2) and ((0, 2), 2, 4) in team._RESOLVED
+    assert team._RESOLVED.clear in runtime._at_finalize
+    for hook in runtime._at_finalize:
+        if hook == team._RESOLVED.clear:
+            hook()
+    assert not team._RESOLVED
+
+
 @pytest.mark.parametrize("teams", [[(0, 1, 2)] * 2 + [(2, 1, 2)] * 2, [(0, 2, 2), (1, 2, 2)] * 2,
                                    [(0, 1, 4)] * 4])
 def test_every_rank_agrees_on_its_group(teams):

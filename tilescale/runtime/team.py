@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CollectiveMismatchError, OpArgumentError, OpArgumentTypeError
+from . import at_finalize
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,9 @@ def check_teams(op: str, teams: list) -> None:
             "expected groups of one size: the ops' symmetric buffers are allocated by every rank of the world alike")
 
 
+# of_group's teams by (group, rank, world size), forgotten by finalize(): a new job may reuse a group's name
 _RESOLVED: dict = {}
+at_finalize(_RESOLVED.clear)
 
 
 def of_group(op: str, group) -> Team:
@@ -138,8 +141,7 @@ def of_group(op: str, group) -> Team:
     from . import current
 
     info = current().info
-    key = (group if isinstance(group, (str, type(None))) or not isinstance(group, (list, range))
-           else tuple(group), info.rank, info.world_size)
+    key = (tuple(group) if isinstance(group, (list, range)) else group, info.rank, info.world_size)
     try:
         return _RESOLVED[key]
     except (KeyError, TypeError):
