@@ -216,7 +216,7 @@ def _gemm_alone(op, x, w):
     if op.path == "pull":
         scratch, calls = torch.zeros_like(op.done), torch.zeros_like(op.gemm_counters)
         return lambda: op.gemm(xv, w, op.P, scratch, calls)
-    k = gemm_rs_push_loopback_kernel(*op.gemm_args)
+    k = gemm_rs_push_loopback_kernel(*op.gemm_args[:11])      # (a group's team, last: the loopback has no peers)
     R, arrived = torch.zeros_like(op.R), torch.zeros_like(op.arrived)
     args = (xv, w, torch.empty(x.shape[0] // W, op.N, dtype=op.dtype, device=x.device), R, arrived,
             torch.zeros_like(op.gemm_counters), R, arrived, torch.zeros_like(op.pushed))  # (Rp, Ap: unused)

@@ -110,3 +110,24 @@ def test_group_size_splits_the_world_into_groups_of_consecutive_ranks(rank):
             bench_fused.grouped(info, 3)
     finally:
         dist.destroy_process_group()
+
+
+def test_gemm_alone_of_a_groups_push_path_builds_the_loopback_kernel_without_the_team(monkeypatch):
+    """GEMM+RS's GEMM-alone column on the push path runs the loopback kernel with the op's GEMM arguments but a
+    group's team (the push kernel's last argument: the loopback reaches no peer)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tilescale.ops import gemm_reduce_scatter as grs
+    from tilescale.runtime.team import Team
+
+    seen = []
+    monkeypatch.setattr(grs, "gemm_rs_push_loopback_kernel", lambda *a: seen.append(a) or (lambda *t: None))
+    args = (1024, 512, 2, "bfloat16", 128, 256, 64, 3, 256, 10, 132)
+    z = torch.zeros(4, dtype=torch.int64)
+    for team in (None, Team(2, 1, 2)):
+        op = SimpleNamespace(world_size=2, K=512, N=1024, dtype=torch.bfloat16, path="push", R=z, arrived=z,
+                             gemm_counters=z, pushed=z, gemm_args=args + (() if team is None else (team,)))
+        bench_fused._gemm_alone(op, torch.zeros(256, 512), torch.zeros(512, 1024))()
+    assert seen == [args, args]
