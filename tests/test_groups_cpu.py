@@ -191,6 +191,37 @@ def test_an_op_whose_groups_disagree_raises_on_every_rank(monkeypatch):
             pass
 
 
+class SilentWorld(GroupRuntime):
+    """A world whose other ranks never reach the construction: gloo's timeout (`message`)."""
+
+    def __init__(self, message):
+        super().__init__(1, [(0, 1, 2)] * 4)
+        self.message = message
+
+    def all_gather_object(self, obj):
+        raise RuntimeError(self.message)
+
+
+def test_an_op_that_other_ranks_never_construct_says_so(monkeypatch):
+    """A rank waiting at an op's construction for ranks that never come (say, another group that constructs no such
+    op) gets, at the control group's timeout, an error that names the op and says every rank constructs it; other
+    errors of the exchange are left as they are."""
+    from tilescale.ops.base import Op
+
+    _no_cuda(monkeypatch)
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 300000ms for recv operation"
+    monkeypatch.setattr(runtime, "current", lambda: SilentWorld(gloo))
+    with pytest.raises(errors.CollectiveMismatchError, match=r"Op: not every rank of the world constructed this op "
+                       r"within the control group's timeout \(.*Timed out.*\); every rank constructs each op at the "
+                       r"same point .*this rank's group: ranks \[0, 1\]"):
+        with object.__new__(Op).arguments(shape=(4,), group=[0, 1]):
+            pass
+    monkeypatch.setattr(runtime, "current", lambda: SilentWorld("Connection closed by peer"))
+    with pytest.raises(RuntimeError, match="^Connection closed by peer$"):
+        with object.__new__(Op).arguments(shape=(4,), group=[0, 1]):
+            pass
+
+
 # -------------------------------------------------------------------------------------------------- kernels
 def _code(fn, args) -> str:
     return kernel_function(lower_source(fn.get_tir(*args)))

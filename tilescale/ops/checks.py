@@ -270,7 +270,16 @@ def require_same_on_all_ranks(op: str, error: BaseException | None = None, team=
         mine[_ERROR_KEY] = str(error)
     if team is not None:
         mine[_TEAM_KEY] = (team.start, team.stride, team.size)
-    everyone = rt.all_gather_object(mine)
+    try:
+        everyone = rt.all_gather_object(mine)
+    except RuntimeError as e:      # gloo's timeout of the control group: some rank never constructed this op
+        if team is None or "timed out" not in str(e).lower():
+            raise
+        raise CollectiveMismatchError(
+            f"{op}: not every rank of the world constructed this op within the control group's timeout ({e}); "
+            "every rank constructs each op at the same point of the program, an op of a group too (its symmetric "
+            f"buffers are allocated by the whole world; this rank's group: {team}; this is rank "
+            f"{rt.info.rank})") from e
     bad = [k for k in args if any(v.get(k) != mine[k] for v in everyone)]
     if bad:
         lines = []
