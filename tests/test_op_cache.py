@@ -60,3 +60,12 @@ def test_graph_capture_is_refused_with_the_op_name(monkeypatch):
         capture.refuse_graph_capture("AGGemm")
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
     capture.refuse_graph_capture("AGGemm")     # not capturing: nothing raised
+
+
+def test_a_group_given_as_a_list_of_ranks_is_keyed_as_a_tuple():
+    """ag_gemm(..., group=[0, 2]) and the other functions key their op caches by the group: a list of ranks is keyed
+    (and passed to the op) as a tuple, so that a second call finds the first call's op."""
+    built = []
+    cache = op_cache.OpCache(lambda n, group: built.append(group) or object(), 4)
+    first = cache(8, [0, 2])
+    assert cache(8, [0, 2]) is first and cache(8, (0, 2)) is first and built == [(0, 2)]

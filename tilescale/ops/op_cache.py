@@ -13,6 +13,7 @@ import threading
 from .. import runtime
 
 _CACHES: list = []
+_LISTED = object()    # OpCache: a key with a list in it
 
 
 class OpCache:
@@ -28,10 +29,15 @@ class OpCache:
 
     def __call__(self, *key):
         with self.lock:
-            op = self.entries.get(key)
-            if op is not None:
+            try:
+                op = self.entries.get(key)
+            except TypeError:   # a list among the arguments (a group given as a list of ranks): keyed as a tuple
+                op = _LISTED
+            if op is not None and op is not _LISTED:
                 self.entries.move_to_end(key)
                 return op
+        if op is _LISTED:
+            return self(*(tuple(k) if isinstance(k, list) else k for k in key))
         op = self.build(*key)
         evicted = []
         with self.lock:
