@@ -69,3 +69,16 @@ def test_a_group_given_as_a_list_of_ranks_is_keyed_as_a_tuple():
     cache = op_cache.OpCache(lambda n, group: built.append(group) or object(), 4)
     first = cache(8, [0, 2])
     assert cache(8, [0, 2]) is first and cache(8, (0, 2)) is first and built == [(0, 2)]
+
+
+def test_cached_op_finds_a_larger_op_of_a_group_given_as_a_list(monkeypatch):
+    """cached_op reuses the op of a larger bound cached for the same group when the group is a list of ranks too."""
+    from types import SimpleNamespace
+
+    from tilescale.ops import gemm
+
+    monkeypatch.setattr(gemm, "gemm_config", lambda *a, **k: "cfg")
+    built = []
+    cache = op_cache.OpCache(lambda M, *key: built.append(M) or SimpleNamespace(M=M), 4)
+    big = op_cache.cached_op(cache, 1024, 256, 256, "bf16", 2, "ag_gemm", [0, 2])
+    assert op_cache.cached_op(cache, 200, 256, 256, "bf16", 2, "ag_gemm", [0, 2]) is big and built == [2048]

@@ -80,7 +80,7 @@ def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str,
 
     bound = row_bound(rows)
     cfg = gemm_config(bound * world_size, N, K, world_size=world_size, op=op)
-    key = (N, K, dtype, world_size, cfg, group)
+    key = (N, K, dtype, world_size, cfg, tuple(group) if isinstance(group, list) else group)   # (as OpCache keys it)
     have = max((k[0] // world_size for k in list(cache.entries) if k[1:] == key), default=0)
     return cache(max(have, bound) * world_size, *key)
 
