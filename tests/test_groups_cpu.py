@@ -420,6 +420,32 @@ def test_torch_ops_take_a_group_by_name_process_group_or_mesh():
 
 
 # ------------------------------------------------------------------------------------------------ on GPUs
+def test_the_tiers_prebuild_compiles_each_groups_kernels(monkeypatch):
+    """tests/gpu/prebuild_tier.py at 4 ranks lists, for each group of the GPU test's two layouts, the kernel of every
+    op it runs with that group's team (a compile-time argument: each group's kernels are its own), and a group's
+    fused-op kernels are the world-of-2 ones plus the team."""
+    import importlib
+
+    from tilescale.ops import prebuild
+
+    monkeypatch.setattr(sys, "path", list(sys.path))     # (prebuild_tier puts the examples' folders first)
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    tier, groups_main = importlib.import_module("prebuild_tier"), importlib.import_module("groups_main")
+    listed = tier.jit_jobs(4)
+    teams = {Team(0, 1, 2), Team(2, 1, 2), Team(0, 2, 2), Team(1, 2, 2)}
+    kinds = {"allgather_kernel", "reduce_scatter_kernel", "allreduce_one_shot_kernel", "allreduce_two_shot_kernel",
+             "broadcast_kernel", "reduce_kernel", "all_to_all_kernel", "ag_gemm_kernel", "gemm_rs_push_kernel"}
+    for t in teams:
+        mine = [(fn, args) for fn, args in listed if args and args[-1] == t]
+        assert {getattr(fn, "func", fn).__name__ for fn, _ in mine} == kinds, t
+        fused = {(getattr(fn, "func", fn).__name__, args[:-1]) for fn, args in mine}
+        shape = [(2 * groups_main.ROWS, groups_main.K, groups_main.N)]
+        world2 = prebuild.ag_gemm_jobs(shape, 2) + prebuild.gemm_rs_jobs(shape, 2)
+        assert {(getattr(fn, "func", fn).__name__, args) for fn, args in world2} <= fused, t
+    assert not [args for _, args in tier.jit_jobs(2) if args and isinstance(args[-1], Team)]   # (no groups at 2)
+
+
+
 @pytest.mark.multigpu
 @pytest.mark.parametrize("nranks", [4])
 def test_ops_over_two_groups_on_gpus(nranks):

@@ -137,6 +137,34 @@ def run(info):
     print(f"[rank {rank}] OK: collectives and fused ops over groups of {W // 2} ranks match torch", flush=True)
 
 
+def jobs(world_size: int, sms: int = 132) -> list:
+    """(jit function, args) of the kernels this test's ops build, for every group of both layouts (each group builds
+    kernels of its own: the team is a compile-time argument), for tests/gpu/prebuild_tier.py. A kernel missed here
+    is still compiled by the test, only later."""
+    from tilescale.ops import (all_to_all, allgather, allreduce, broadcast_from_root, prebuild, reduce_scatter,
+                               reduce_to_root)
+    from tilescale.runtime.team import of_ranks
+
+    G, bf16, out = world_size // 2, "bfloat16", []
+    for groups in layouts(world_size).values():
+        for members in groups:
+            team = of_ranks("groups_main", members, world_size)
+            msg = ROWS * N * 2                                          # AllReduce, Broadcast, Reduce: (ROWS, N)
+            out.append((allgather.allgather_kernel,
+                        (G, allgather.default_blocks_per_peer(ROWS * K * 2, G), bf16, 512, team)))
+            out += reduce_scatter.kernels(G * msg, G, bf16, sms, 512, team)
+            for algo in ("one_shot", "two_shot"):
+                out += allreduce.kernels(msg, G, bf16, sms, algo, 512, team)
+            out += broadcast_from_root.kernels(msg, G, None, sms, 512, team)
+            out += reduce_to_root.kernels(msg, G, bf16, sms, 512, team)
+            for rows in (G * 4, G * (G + 1) // 2):                      # AllToAll: equal and uneven splits
+                out += all_to_all.kernels(rows * N * 2, G, None, sms, 512, team)
+            for cached in (False, True):
+                out += prebuild.ag_gemm_jobs([(G * ROWS, K, N)], G, bf16, cached=cached, team=team)
+                out += prebuild.gemm_rs_jobs([(G * ROWS, K, N)], G, bf16, cached=cached, team=team)
+    return prebuild.unique(out)
+
+
 def build(world_size: int) -> None:
     """The fused ops' kernels of the first group of consecutive ranks (compile-only runs)."""
     from tilescale.ops import allgather_gemm, gemm_reduce_scatter

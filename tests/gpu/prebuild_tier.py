@@ -57,6 +57,8 @@ def jit_jobs(world_size: int) -> list:
     bad = importlib.import_module("bad_input_main")                       # its kernels of its own
     jobs += [(bad.put_kernel, (1024, world_size)), (bad.put_kernel, (1024, world_size + 1))]
     jobs.append((importlib.import_module("teardown_main").ring_kernel, (1 << 16, world_size)))   # normal, loop ...
+    if world_size >= 4 and world_size % 2 == 0:                           # tests/test_groups_cpu.py's GPU test
+        jobs += importlib.import_module("groups_main").jobs(world_size, sms())
     if world_size == 2:                                                   # tests/test_profiler.py: 2 ranks only
         prof, stamp = importlib.import_module("profile_ag_gemm")._jobs(2048, 1024, 1024, world_size)
         jobs += prof + [(stamp, ())]

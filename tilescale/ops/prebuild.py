@@ -14,10 +14,11 @@ def unique(jobs) -> list:
     return _unique(jobs)
 
 
-def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False) -> list:
+def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False, team=None) -> list:
     """(jit function, args) of every kernel AGGemm builds for these (M, K, N) shapes (M: the op's bound of the
     gathered rows); `cached`: those of ``tilescale.ops.ag_gemm`` (and the torch ops) for M gathered rows instead
-    (tilescale.ops.op_cache.cached_op: the config of the rows' bound, plain grids)."""
+    (tilescale.ops.op_cache.cached_op: the config of the rows' bound, plain grids). `team`: an op over a group
+    (tilescale.runtime.team.kernel_team of the group; `world_size` then its size); None: the world."""
     from .allgather_gemm import kernels
     from .gemm import gemm_config
     from .op_cache import row_bound
@@ -27,18 +28,18 @@ def ag_gemm_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bo
         if M % world_size:
             continue
         if not cached:
-            jobs += kernels(M, N, K, world_size, dtype)
+            jobs += kernels(M, N, K, world_size, dtype, team=team)
             continue
         bound = row_bound(M // world_size) * world_size
         cfg = gemm_config(bound, N, K, world_size=world_size, op="ag_gemm")
-        jobs += kernels(bound, N, K, world_size, dtype, config=cfg, sms=0)
+        jobs += kernels(bound, N, K, world_size, dtype, config=cfg, sms=0, team=team)
     return jobs
 
 
-def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False) -> list:
+def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bool = False, team=None) -> list:
     """(jit function, args) of every kernel GemmRS builds for these (M, K, N) shapes (K is the full K; M the op's
     bound of the rows); `cached`: those of ``tilescale.ops.gemm_rs`` (and the torch ops) for M rows instead
-    (tilescale.ops.op_cache.cached_op: the config of the rows' bound)."""
+    (tilescale.ops.op_cache.cached_op: the config of the rows' bound). `team` as in :func:`ag_gemm_jobs`."""
     from .gemm import gemm_config
     from .gemm_reduce_scatter import default_path, kernels
     from .op_cache import row_bound
@@ -49,11 +50,12 @@ def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bo
             continue
         kl = K // world_size
         if not cached:
-            jobs += kernels(M, N, kl, world_size, dtype)
+            jobs += kernels(M, N, kl, world_size, dtype, team=team)
             continue
         bound = row_bound(M // world_size) * world_size
         op = "gemm_rs_push" if default_path(world_size, kl) == "push" else "gemm_rs"
-        jobs += kernels(bound, N, kl, world_size, dtype, config=gemm_config(bound, N, kl, world_size=world_size, op=op))
+        jobs += kernels(bound, N, kl, world_size, dtype, config=gemm_config(bound, N, kl, world_size=world_size, op=op),
+                        team=team)
     return jobs
 
 
