@@ -291,6 +291,31 @@ def grouped(info, size: int):
     # makes every group, in the same order, as torch requires)
 
 
+def group_teams(world: int, size: int) -> list:
+    """The teams of the groups of `size` consecutive ranks (an older tree, compare_fused.sh, has no teams)."""
+    from tilescale.runtime.team import Team
+
+    return [Team(s, 1, size) for s in range(0, world, size)]
+
+
+def kernel_jobs(op: str, ag_shapes, rs_shapes, W: int, dtype: str, teams) -> list:
+    """(jit function, args) of the kernels the benchmark's ops build (`op`: ag_gemm, gemm_rs or both), for each of
+    `teams` (None: the world; a group's kernels take its team, so every group's are listed: the prebuild's local
+    rank 0 compiles them all)."""
+    from tilescale.ops import prebuild
+    from tilescale.ops.gemm_reduce_scatter import gemm_rs_push_kernel, gemm_rs_push_loopback_kernel
+
+    jobs = []
+    for t in teams:
+        team = {} if t is None else {"team": t}
+        if op in ("ag_gemm", "both"):
+            jobs += prebuild.ag_gemm_jobs(ag_shapes, W, dtype, **team)
+        if op in ("gemm_rs", "both"):
+            rs = prebuild.gemm_rs_jobs(rs_shapes, W, dtype, **team)       # + _gemm_alone's loopback (no team)
+            jobs += rs + [(gemm_rs_push_loopback_kernel, a[:11]) for fn, a in rs if fn is gemm_rs_push_kernel]
+    return prebuild.unique(jobs)
+
+
 def run(info, args):
     import torch
 
@@ -301,18 +326,11 @@ def run(info, args):
     info = grouped(info, args.group_size)
     W = info.world_size
     where = f"{W} x {environment()['gpu']}" if W == world else f"groups of {W} of {world} x {environment()['gpu']}"
-    jobs = []
     small = [] if args.no_small else SMALL_SHAPES
     ag_shapes, rs_shapes = AG_SHAPES[:args.max_shapes] + small, RS_SHAPES[:args.max_shapes] + small
-    if args.op in ("ag_gemm", "both"):
-        jobs += prebuild.ag_gemm_jobs(ag_shapes, W, args.dtype)
-    if args.op in ("gemm_rs", "both"):
-        from tilescale.ops.gemm_reduce_scatter import gemm_rs_push_kernel, gemm_rs_push_loopback_kernel
-
-        rs = prebuild.gemm_rs_jobs(rs_shapes, W, args.dtype)
-        jobs += rs + [(gemm_rs_push_loopback_kernel, a) for fn, a in rs if fn is gemm_rs_push_kernel]  # _gemm_alone
-    if info.group is None:   # (a group's kernels are its own: each op builds them)
-        prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
+    jobs = kernel_jobs(args.op, ag_shapes, rs_shapes, W, args.dtype,
+                       [None] if info.group is None else group_teams(world, W))
+    prebuild.on_local_rank0(jobs)  # local rank 0 compiles every kernel in parallel; the others load them
     all_rows, tables = [], []
     if args.op in ("ag_gemm", "both"):
         rows = run_ag_gemm(info, ag_shapes, dtype, args.quick)

@@ -112,6 +112,24 @@ def test_group_size_splits_the_world_into_groups_of_consecutive_ranks(rank):
         dist.destroy_process_group()
 
 
+def test_a_group_runs_prebuild_lists_every_groups_kernels():
+    """--group-size 2 of 4 ranks: the prebuild (local rank 0) lists each group's fused kernels with its team (a group's
+    kernels are its own), the world-of-2 kernels plus the team; the push path's loopback (_gemm_alone) takes none."""
+    from tilescale.runtime.team import Team
+
+    teams = bench_fused.group_teams(4, 2)
+    assert teams == [Team(0, 1, 2), Team(2, 1, 2)]
+    shapes = [(8192, 8192, 2048)]
+    world = bench_fused.kernel_jobs("both", shapes, shapes, 2, "bfloat16", [None])
+    groups = bench_fused.kernel_jobs("both", shapes, shapes, 2, "bfloat16", teams)
+    name = lambda fn: getattr(fn, "func", fn).__name__   # noqa: E731
+    for t in teams:
+        mine = sorted((name(fn), a[:-1]) for fn, a in groups if a and a[-1] == t)
+        assert mine == sorted((name(fn), a) for fn, a in world if "loopback" not in name(fn))
+    assert [a for fn, a in groups if "loopback" in name(fn)] == [a for fn, a in world if "loopback" in name(fn)]
+    assert len(world) == 4 and len(groups) == 7       # (AG+GEMM's two GEMMs, GEMM+RS push + loopback; per group)
+
+
 def test_gemm_alone_of_a_groups_push_path_builds_the_loopback_kernel_without_the_team(monkeypatch):
     """GEMM+RS's GEMM-alone column on the push path runs the loopback kernel with the op's GEMM arguments but a
     group's team (the push kernel's last argument: the loopback reaches no peer)."""

@@ -141,8 +141,15 @@ def jobs(world_size: int, sms: int = 132) -> list:
     """(jit function, args) of the kernels this test's ops build, for every group of both layouts (each group builds
     kernels of its own: the team is a compile-time argument), for tests/gpu/prebuild_tier.py. A kernel missed here
     is still compiled by the test, only later."""
-    from tilescale.ops import (all_to_all, allgather, allreduce, broadcast_from_root, prebuild, reduce_scatter,
-                               reduce_to_root)
+    from tilescale.ops import (
+        all_to_all,
+        allgather,
+        allreduce,
+        broadcast_from_root,
+        prebuild,
+        reduce_scatter,
+        reduce_to_root,
+    )
     from tilescale.runtime.team import of_ranks
 
     G, bf16, out = world_size // 2, "bfloat16", []
