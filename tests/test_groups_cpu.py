@@ -419,6 +419,36 @@ def test_torch_ops_take_a_group_by_name_process_group_or_mesh():
         torch_ops.group_name([0, 1])
 
 
+def test_a_groups_kernel_runs_in_a_world_larger_than_the_group(monkeypatch):
+    """A kernel compiled with a team takes the group's size as its world size: its first launch checks that the job
+    holds the team's ranks, not that the job's world is the group's (a world-of-2 kernel in a job of 4 still
+    raises)."""
+    from types import SimpleNamespace
+
+    from tilescale.compilation.backend import BackendSpec
+    from tilescale.runtime.distributed_kernel import DistributedKernel
+
+    args = (2, 16, "bfloat16", 512)
+    assert allgather.allgather_kernel._peers(args, {}) == (2, None)
+    assert allgather.allgather_kernel._peers((*args, Team(1, 2, 2)), {}) == (2, Team(1, 2, 2))
+    loaded = []
+    monkeypatch.setattr(runtime, "init_module", lambda lib, name: loaded.append(name))
+    monkeypatch.setattr(runtime, "current", lambda: SimpleNamespace(info=SimpleNamespace(world_size=4)))
+    monkeypatch.setattr("tilescale.compat.kernel_library", lambda k: None)
+    spec = BackendSpec("cython", True, "inlined", "test")
+
+    def kernel(team):
+        return DistributedKernel(None, spec, "allgather", ["x"], [], 2, True, team=team)
+
+    kernel(Team(1, 2, 2)).prepare()
+    kernel(Team(2, 1, 2)).prepare()
+    assert loaded == ["allgather", "allgather"]
+    with pytest.raises(errors.WorldSizeMismatchError, match=r"group of ranks 3, 4, \.\.\. 4 but this job has 4"):
+        kernel(Team(3, 1, 2)).prepare()
+    with pytest.raises(errors.WorldSizeMismatchError, match="compiled for world_size=2 but this job has 4 ranks"):
+        kernel(None).prepare()
+
+
 # ------------------------------------------------------------------------------------------------ on GPUs
 def test_the_tiers_prebuild_compiles_each_groups_kernels(monkeypatch):
     """tests/gpu/prebuild_tier.py at 4 ranks lists, for each group of the GPU test's two layouts, the kernel of every

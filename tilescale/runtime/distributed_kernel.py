@@ -14,13 +14,14 @@ class DistributedKernel:
     the per-module NVSHMEM state, launch-time checks and what tilescale knows about it."""
 
     def __init__(self, kernel, spec: BackendSpec, name: str, params: list[str], symmetric: list[str],
-                 world_size: int | None, check_symmetric: bool):
+                 world_size: int | None, check_symmetric: bool, team=None):
         self._kernel = kernel
         self.spec = spec
         self.name = name
         self.param_names = params
         self.symmetric_params = symmetric
-        self.world_size = world_size
+        self.world_size = world_size   # its world-size parameter: the job's, or (with a team) the group's
+        self.team = team               # the group's ranks it runs among (tilescale.runtime.team.Team), or None
         self._symm_idx = [params.index(s) for s in symmetric if s in params]
         self._check = check_symmetric
         self._symmetric_seen: set[tuple[int, int]] = set()   # (pointer, bytes) found on the heap ...
@@ -56,7 +57,13 @@ class DistributedKernel:
 
     def _prepare(self) -> None:
         rt = runtime.current()
-        if self.world_size is not None and self.world_size != rt.info.world_size:
+        if self.team is not None:
+            last = self.team.start + self.team.stride * (self.team.size - 1)
+            if last >= rt.info.world_size:
+                raise WorldSizeMismatchError(f"kernel '{self.name}' was compiled for the group of ranks "
+                                             f"{self.team.start}, {self.team.start + self.team.stride}, ... {last} "
+                                             f"but this job has {rt.info.world_size} ranks")
+        elif self.world_size is not None and self.world_size != rt.info.world_size:
             raise WorldSizeMismatchError(f"kernel '{self.name}' was compiled for world_size={self.world_size} but "
                                          f"this job has {rt.info.world_size} ranks: compile it with "
                                          f"world_size={rt.info.world_size}")
