@@ -326,6 +326,29 @@ def test_gemm_rs_takes_the_push_path_for_a_group_on_one_node(monkeypatch):
         assert gemm_rs_path.default_path(4) == "pull"
 
 
+@pytest.mark.parametrize("node_size", [4, 2])
+def test_every_choice_of_gemm_rs_path_for_a_group_follows_the_groups_nodes(monkeypatch, node_size):
+    """The group's kernels (GemmRS's, the prebuild's, the torch operator's check of the fused path) choose the path
+    by the group's ranks: one node (4 ranks a node) pushes; a group across two nodes (2 a node, ranks 0 and 2) pulls;
+    none reads the group's size as the world's (TILESCALE_NODE_SIZE=4 did not divide it: SettingError on GPUs)."""
+    from tilescale.env import settings
+    from tilescale.ops import prebuild
+
+    info = runtime.DistInfo(rank=0, world_size=4, local_rank=0, local_world_size=4)
+    monkeypatch.setattr(runtime, "current", lambda: type("R", (), {"info": info})())
+    monkeypatch.setattr(runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime, "shares_gpu", lambda: False)
+    t, want = Team(0, 2, 2), "push" if node_size == 4 else "pull"
+    name = lambda jobs: {getattr(fn, "func", fn).__name__ for fn, _ in jobs}   # noqa: E731
+    with settings.scope(node_size=node_size):
+        assert ("gemm_rs_push_kernel" in name(grs.kernels(1024, 1024, 1024, 2, "bfloat16", team=t))) == (want == "push")
+        for cached in (False, True):
+            jobs = prebuild.gemm_rs_jobs([(1024, 2048, 1024)], 2, "bfloat16", cached=cached, team=t)
+            assert ("gemm_rs_push_kernel" in name(jobs)) == (want == "push")
+        monkeypatch.setattr(team, "of_group", lambda op, group: {"tp": t}[group])
+        assert torch_ops.why_not_fused("gemm_rs", 128, 1024, 1024, torch.bfloat16, 2, "tp") is None
+
+
 # ------------------------------------------------------------------------------- torch operators, drop-ins
 GROUPS = {"contiguous": {"tp0": [0, 1], "tp1": [2, 3]}, "strided": {"tp0": [0, 2], "tp1": [1, 3]}}
 

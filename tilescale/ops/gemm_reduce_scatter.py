@@ -37,7 +37,7 @@ def kernels(M: int, N: int, K_local: int, world_size: int, dtype: str, reduce_bl
     GPU's SM count (the push kernel's blocks). The rows (and the buffers' sizes) are run-time arguments of each
     call: M only chooses the config (the tuning table's for M). `team`: the ranks of the op's group
     (tilescale.runtime.team.kernel_team; None: the world, whose kernels take no team argument)."""
-    push = (path or default_path(world_size, K_local)) == "push"
+    push = (path or default_path(world_size, K_local, team=team)) == "push"
     t = () if team is None else (team,)
     # the tuning table ranks the pull path's GEMM ("gemm_rs"); the push kernel has entries of its own, or the default
     # config (which ran at least as fast as the pull-tuned one for it on every benchmark shape)

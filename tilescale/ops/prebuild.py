@@ -53,7 +53,7 @@ def gemm_rs_jobs(shapes, world_size: int, dtype: str = "bfloat16", *, cached: bo
             jobs += kernels(M, N, kl, world_size, dtype, team=team)
             continue
         bound = row_bound(M // world_size) * world_size
-        op = "gemm_rs_push" if default_path(world_size, kl) == "push" else "gemm_rs"
+        op = "gemm_rs_push" if default_path(world_size, kl, team=team) == "push" else "gemm_rs"
         jobs += kernels(bound, N, kl, world_size, dtype, config=gemm_config(bound, N, kl, world_size=world_size, op=op),
                         team=team)
     return jobs

@@ -179,10 +179,10 @@ def _in(group_name: str) -> dict:
 
 
 # --------------------------------------------------------------------------------- when not fused
-def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | None:
+def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int, group_name: str = "") -> str | None:
     """Why the fused kernel of `op` ("ag_gemm" or "gemm_rs") cannot run this problem (rows per rank, N,
-    K, with K the local K of gemm_rs), or None when it can (the config of the rows' bound, as
-    tilescale.ops.op_cache.cached_op chooses it)."""
+    K, with K the local K of gemm_rs) among the W ranks of `group_name` (empty: the world), or None when it can
+    (the config of the rows' bound, as tilescale.ops.op_cache.cached_op chooses it)."""
     from ..ops import checks
     from ..ops.gemm import check, gemm_config
     from ..ops.op_cache import row_bound
@@ -197,8 +197,10 @@ def why_not_fused(op: str, rows: int, N: int, K: int, dtype, W: int) -> str | No
         return f"N={N} is not a multiple of 128 (the reduction's column tile)"
     if op == "gemm_rs":   # the push kernel's configs, or the pull path's GEMM's (as gemm_rs chooses them)
         from ..ops.gemm_rs_path import default_path
+        from ..runtime import team
 
-        op = "gemm_rs_push" if default_path(W, K) == "push" else "gemm_rs"
+        t = team.of_group("gemm_rs", group_name) if group_name else None   # (the path follows the group's nodes)
+        op = "gemm_rs_push" if default_path(W, K, team=t) == "push" else "gemm_rs"
     M = row_bound(rows) * W
     return check(gemm_config(M, N, K, world_size=W, op=op), M, N, K, world_size=W, op=op)
 
@@ -350,7 +352,7 @@ def _gemm_rs(x: torch.Tensor, w: torch.Tensor, world_size: int, group_name: str 
         raise ValueError(f"tilescale::gemm_rs: x: got {x.shape[0]} rows, expected a multiple of the world size "
                          f"{world_size}")
     be = _backend()
-    why = why_not_fused("gemm_rs", x.shape[0] // world_size, w.shape[1], x.shape[1], x.dtype, world_size)
+    why = why_not_fused("gemm_rs", x.shape[0] // world_size, w.shape[1], x.shape[1], x.dtype, world_size, group_name)
     if why is None:
         return be.gemm_rs(_dense(x), _dense(w), **_in(group_name))
     _debug("gemm_rs", f"not fused ({why}): torch.matmul, then reduce_scatter")
