@@ -99,7 +99,11 @@ def ag_gemm_fault(info, mode: str) -> None:
                 op(a, b)
         tilescale.synchronize()      # the ranks that made the call rank 1 skipped: stopped within the bound
         print(f"[rank {r}] calls issued and synchronized", flush=True)
-        return                       # rank 1 then waits in finalize for them: stopped when they fail
+        if r == 1:   # rank 1 stays up (a slow rank, not a failed one) past the others' bound: their stream waits give
+            # up first and the launcher then stops it (its finalize, bounded alike, would otherwise race them: on
+            # ranks sharing a GPU it reached its bound first and the job ended on its error, not theirs)
+            time.sleep(4 * float(os.environ.get("TILESCALE_WAIT_TIMEOUT_S", "30")))
+        return
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         for _ in range(10):
