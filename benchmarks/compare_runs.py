@@ -9,7 +9,8 @@ same keys; microseconds or milliseconds as each wrote them):
                                                   and per (op, MxNxK) for cuBLAS (W only filters configs)
   build_modes   benchmarks/bench_build_modes.py    a row per (size, variant, backend/mode); `ms` -> us
   fused         benchmarks/bench_fused.py          a row per (W, op, MxKxN, column: nccl, cublas, nccl_cublas,
-                                                  async_tp, tilescale, ts_gemm)
+                                                  async_tp, tilescale, ts_gemm); W of a --group-size run: the
+                                                  group's size (it compares with a world of that size)
 KIND is found from the JSON's rows when not given; with --dirs each folder holds <kind>.json (gemm_configs.json,
 build_modes.json, fused.json), as tests/gpu/compare_trees.sh writes them.
 
@@ -117,7 +118,7 @@ def rows_build_modes(data: dict) -> dict[str, Row]:
 def rows_fused(data: dict) -> dict[str, Row]:
     out: dict[str, Row] = {}
     env = data.get("env") or {}
-    w = env.get("world_size", "?")
+    w = data.get("group_size") or env.get("world_size", "?")   # (--group-size G: the ops' world is G ranks)
     for r in data["rows"]:
         shape = f"W={w} {r['op']} {r['M']}x{r['K']}x{r['N']}"
         for col in FUSED_COLUMNS:

@@ -109,6 +109,9 @@ def test_keys_name_shape_op_config_and_mode():
     assert b["8192^3 cuBLAS"].reference and not b["8192^3 tilelang [tvm_ffi]"].reference
     f = compare_runs.rows_fused(fused_json())
     assert f["W=1 gemm_rs 8192x8192x8192 tilescale"].us == 750.0 and f["W=1 ag_gemm 4096x8192x2048 nccl"].reference
+    groups = {**fused_json(), "group_size": 2}      # bench_fused.py --group-size 2: matches a world of 2
+    groups["env"] = {**groups["env"], "world_size": 4}
+    assert "W=2 gemm_rs 8192x8192x8192 tilescale" in compare_runs.rows_fused(groups)
 
 
 def test_a_moved_row_is_flagged_and_fails_only_when_asked(tmp_path):
