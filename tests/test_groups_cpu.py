@@ -110,6 +110,16 @@ def pg_team(start):
     return Team(start, 2, 2)
 
 
+def test_an_ops_ranks_are_its_groups_or_the_worlds(monkeypatch):
+    """team.size_of, the W of every function's checks: the world's size for no group (None without a runtime), else
+    the group's, resolved and checked (a bad group: the op's argument error)."""
+    assert team.size_of("op", None, 4) == 4 and team.size_of("op", [0, 1], None) is None
+    monkeypatch.setattr(runtime, "current", lambda: GroupRuntime(2, [(0, 2, 2), (1, 2, 2)] * 2))
+    assert team.size_of("op", [0, 2], 4) == 2
+    with pytest.raises(errors.OpArgumentError, match="op"):
+        team.size_of("op", [0, 1, 3], 4)
+
+
 def test_a_groups_team_is_remembered_until_finalize(monkeypatch):
     """of_group resolves a group once per runtime (a name, a list of ranks); finalize() forgets them, as a new job
     may give a name to other ranks."""

@@ -315,8 +315,7 @@ def all_gather_into_tensor(output, input, *, group=None):  # noqa: A002  (torch'
 def _validate_into(output, input, rt, group) -> None:  # noqa: A002
     from ..runtime import team
 
-    W = None if rt is None else rt.info.world_size if group is None else team.of_group("all_gather_into_tensor",
-                                                                                         group).size
+    W = team.size_of("all_gather_into_tensor", group, None if rt is None else rt.info.world_size)
     _validate_shard("all_gather_into_tensor", input)
     if W is None:  # no runtime: no world size (and the call stops right after)
         return checks.check_tensor("all_gather_into_tensor", "output", output, dtype=input.dtype)

@@ -430,7 +430,7 @@ def ag_gemm(a_local, b, *, return_gathered: bool = False, group=None):
     from ..runtime import team
 
     _fn_check((checks.signature(a_local), checks.signature(b), group), _validate_fn, a_local, b, group)
-    W = runtime.current().info.world_size if group is None else team.of_group("ag_gemm", group).size
+    W = team.size_of("ag_gemm", group, runtime.current().info.world_size)
     (rows, K), N = a_local.shape, b.shape[1]
     op = op_cache.cached_op(_cached, rows, N, K, a_local.dtype, W, "ag_gemm", group)
     c = op(a_local, b)

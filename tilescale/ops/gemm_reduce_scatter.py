@@ -189,10 +189,9 @@ _fn_check = checks.CallCheck("gemm_rs")
 
 
 def _validate_fn(x, w, W=None, group=None) -> None:
-    if W is not None and group is not None:
-        from ..runtime import team
+    from ..runtime import team
 
-        W = team.of_group("gemm_rs", group).size
+    W = team.size_of("gemm_rs", group, W)
     checks.check_tensor("gemm_rs", "x", x, dtypes=checks.GEMM_DTYPES, min_dims=2)
     checks.check_tensor("gemm_rs", "w", w, dtype=x.dtype, min_dims=2)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
@@ -216,7 +215,7 @@ def gemm_rs(x, w, *, group=None):
     rt = checks.runtime_or_none()
     _fn_check((checks.signature(x), checks.signature(w), group), _validate_fn, x, w,
               rt.info.world_size if rt is not None else None, group)
-    W = runtime.current().info.world_size if group is None else team.of_group("gemm_rs", group).size
+    W = team.size_of("gemm_rs", group, runtime.current().info.world_size)
     (M, K), N = x.shape, w.shape[1]
     t = None if group is None else team.of_group("gemm_rs", group)
     op = "gemm_rs_push" if default_path(W, K, team=t) == "push" else "gemm_rs"

@@ -169,8 +169,7 @@ _fn_check = checks.CallCheck("reduce_scatter_tensor")
 def _validate_fn(output, input, op, W, group) -> None:  # noqa: A002
     from ..runtime import team
 
-    if W is not None and group is not None:
-        W = team.of_group("reduce_scatter_tensor", group).size
+    W = team.size_of("reduce_scatter_tensor", group, W)
     checks.check_op("reduce_scatter_tensor", op)
     for name, t in (("output", output), ("input", input)):
         checks.check_tensor("reduce_scatter_tensor", name, t)

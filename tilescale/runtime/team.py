@@ -154,6 +154,12 @@ def of_group(op: str, group) -> Team:
     return team
 
 
+def size_of(op: str, group, world_size: int | None) -> int | None:
+    """How many ranks an op over `group` runs among: `world_size` (the runtime's; None without one: nothing to resolve)
+    for the whole world (None), else the group's size (:func:`of_group`: a bad group raises `op`'s argument error)."""
+    return world_size if world_size is None or group is None else of_group(op, group).size
+
+
 def torch_group(group):
     """The torch.distributed ProcessGroup of `group` for torch's collectives (None: the default group, for None);
     a sequence of ranks has none: ``False``."""
