@@ -462,8 +462,8 @@ def test_a_groups_kernel_runs_in_a_world_larger_than_the_group(monkeypatch):
     from tilescale.runtime.distributed_kernel import DistributedKernel
 
     args = (2, 16, "bfloat16", 512)
-    assert allgather.allgather_kernel._peers(args, {}) == (2, None)
-    assert allgather.allgather_kernel._peers((*args, Team(1, 2, 2)), {}) == (2, Team(1, 2, 2))
+    assert allgather.allgather_kernel._peers(args, {}) == {"world_size": 2, "team": None}
+    assert allgather.allgather_kernel._peers((*args, Team(1, 2, 2)), {}) == {"world_size": 2, "team": Team(1, 2, 2)}
     loaded = []
     monkeypatch.setattr(runtime, "init_module", lambda lib, name: loaded.append(name))
     monkeypatch.setattr(runtime, "current", lambda: SimpleNamespace(info=SimpleNamespace(world_size=4)))

@@ -45,10 +45,10 @@ WORLD_SIZE_PARAMS = ("world_size", "num_ranks", "nranks")
 def compile(func=None, out_idx=None, execution_backend=None, target=None, target_host=None,  # noqa: A001
             verbose=None, pass_configs=None, compile_flags=None, *, build_mode: str | None = None,
             world_size: int | None = None, wait_timeout_s: float | None = None, check_symmetric: bool | None = None,
-            peers: tuple | None = None):
-    """``tilelang.compile`` with tilescale's backend resolution (same positional signature). `world_size`: the job's
-    world size the kernel was written for (checked at its first launch); `peers`: (world size, team) as the JIT
-    reads them from a kernel's arguments, for a kernel among a group's ranks (tilescale.runtime.team)."""
+            team=None):
+    """``tilelang.compile`` with tilescale's backend resolution (same positional signature). `world_size`: the ranks
+    the kernel was written for, checked at its first launch: the job's world size, or with `team` (the group's ranks
+    it runs among, tilescale.runtime.team.Team) the group's size, the job then any that holds the team's ranks."""
     if not isinstance(func, compat.prim_func_class()):
         raise TypeError(f"func: got {type(func).__name__}, expected a tilelang PrimFunc")
     if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compilation/compile_only.py)
@@ -61,7 +61,6 @@ def compile(func=None, out_idx=None, execution_backend=None, target=None, target
     if not spec.distributed:
         return kernel
     check = settings.check_symmetric if check_symmetric is None else check_symmetric
-    world_size, team = peers if peers is not None else (world_size, None)
     return DistributedKernel(kernel, spec, func_name(func), param_names(func), symmetric_params(func), world_size,
                              check, team=team)
 
@@ -74,22 +73,19 @@ class TileScaleJITImpl(compat.jit_impl_base()):
     wait_timeout_s: float | None = None
     check_symmetric: bool | None = None
 
-    def _peers(self, args, kwargs) -> tuple[int | None, object]:
-        """(world size, team) of a kernel compiled with these arguments: its world-size parameter, and its `team`
-        argument when it runs among a group's ranks (tilescale.runtime.team.Team: the world-size parameter is then
-        the group's size, and the job's world is any that holds the team's ranks)."""
+    def _peers(self, args, kwargs) -> dict:
+        """compile's `world_size` and `team` for a kernel compiled with these arguments: its world-size parameter,
+        and its `team` argument where it runs among a group's ranks (tilescale.runtime.team.Team)."""
         try:
             bound = self.signature.bind_partial(*args, **kwargs)
             bound.apply_defaults()
         except TypeError:
-            return None, None
+            return {"world_size": None, "team": None}
         team = bound.arguments.get("team")
         team = team if all(hasattr(team, a) for a in ("start", "stride", "size")) else None
-        for n in WORLD_SIZE_PARAMS:
-            v = bound.arguments.get(n)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v, team
-        return None, team
+        sizes = (bound.arguments.get(n) for n in WORLD_SIZE_PARAMS)
+        world = next((v for v in sizes if isinstance(v, int) and not isinstance(v, bool)), None)
+        return {"world_size": world, "team": team}
 
     def get_tir(self, *args, **kwargs):
         try:
@@ -136,7 +132,7 @@ class TileScaleJITImpl(compat.jit_impl_base()):
         k = compile(pf, out_idx=self.out_idx, execution_backend=self.execution_backend, target=self.target,
                     target_host=self.target_host, verbose=self.verbose, pass_configs=self.pass_configs,
                     compile_flags=self.compile_flags, build_mode=self.build_mode,
-                    peers=self._peers(args, kwargs or {}), wait_timeout_s=self.wait_timeout_s,
+                    **self._peers(args, kwargs or {}), wait_timeout_s=self.wait_timeout_s,
                     check_symmetric=self.check_symmetric)
         if self.debug_root_path:
             import os
