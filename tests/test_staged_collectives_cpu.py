@@ -305,6 +305,7 @@ args, kwargs, shared = dist._without_nccl_if_shared((), {"world_size": 2})     #
 out["default_replaced"] = [args == ("gloo",), kwargs == {"world_size": 2}, shared is True]
 dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=W)
 out["backend"] = td.get_backend() == "gloo"
+td.barrier()      # (no rank leaves before the other's gloo mesh is connected: under load one did, and it failed)
 dist.destroy_process_group()
 print("RESULT " + json.dumps(out), flush=True)
 """
