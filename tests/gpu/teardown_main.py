@@ -32,6 +32,7 @@ import torch
 import tilescale
 import tilescale.language as T
 from tilescale import testing
+from tilescale.env import settings
 
 N = 1 << 16
 MODES = ("normal", "atexit", "raise_all", "raise_one", "raise_one_bare", "loop", "never_barrier", "caught_exit",
@@ -102,7 +103,7 @@ def ag_gemm_fault(info, mode: str) -> None:
         if r == 1:   # rank 1 stays up (a slow rank, not a failed one) past the others' bound: their stream waits give
             # up first and the launcher then stops it (its finalize, bounded alike, would otherwise race them: on
             # ranks sharing a GPU it reached its bound first and the job ended on its error, not theirs)
-            time.sleep(4 * float(os.environ.get("TILESCALE_WAIT_TIMEOUT_S", "30")))
+            time.sleep(4 * settings.wait_timeout_s)
         return
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -13,7 +13,11 @@ import threading
 from .. import runtime
 
 _CACHES: list = []
-_LISTED = object()    # OpCache: a key with a list in it
+
+
+def _hashable(value):
+    """`value` as op caches key it: a list (a group given as a list of ranks) as a tuple."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 class OpCache:
@@ -31,13 +35,12 @@ class OpCache:
         with self.lock:
             try:
                 op = self.entries.get(key)
-            except TypeError:   # a list among the arguments (a group given as a list of ranks): keyed as a tuple
-                op = _LISTED
-            if op is not None and op is not _LISTED:
+            except TypeError:   # a list among the arguments: keyed (and built) as a tuple
+                key = tuple(map(_hashable, key))
+                op = self.entries.get(key)
+            if op is not None:
                 self.entries.move_to_end(key)
                 return op
-        if op is _LISTED:
-            return self(*(tuple(k) if isinstance(k, list) else k for k in key))
         op = self.build(*key)
         evicted = []
         with self.lock:
@@ -80,7 +83,7 @@ def cached_op(cache, rows: int, N: int, K: int, dtype, world_size: int, op: str,
 
     bound = row_bound(rows)
     cfg = gemm_config(bound * world_size, N, K, world_size=world_size, op=op)
-    key = (N, K, dtype, world_size, cfg, tuple(group) if isinstance(group, list) else group)   # (as OpCache keys it)
+    key = (N, K, dtype, world_size, cfg, _hashable(group))   # (as OpCache keys it)
     have = max((k[0] // world_size for k in list(cache.entries) if k[1:] == key), default=0)
     return cache(max(have, bound) * world_size, *key)
 

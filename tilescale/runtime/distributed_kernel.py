@@ -58,7 +58,7 @@ class DistributedKernel:
     def _prepare(self) -> None:
         rt = runtime.current()
         if self.team is not None:
-            last = self.team.start + self.team.stride * (self.team.size - 1)
+            last = self.team.ranks[-1]
             if last >= rt.info.world_size:
                 raise WorldSizeMismatchError(f"kernel '{self.name}' was compiled for the group of ranks "
                                              f"{self.team.start}, {self.team.start + self.team.stride}, ... {last} "
