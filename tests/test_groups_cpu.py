@@ -480,6 +480,12 @@ def test_a_groups_kernel_runs_in_a_world_larger_than_the_group(monkeypatch):
         kernel(Team(3, 1, 2)).prepare()
     with pytest.raises(errors.WorldSizeMismatchError, match="compiled for world_size=2 but this job has 4 ranks"):
         kernel(None).prepare()
+    import tilescale
+
+    pf = allgather.allgather_kernel.get_tir(*args)
+    with pytest.raises(TypeError, match=r"tilescale.compile: team: got tuple, expected None \(the whole world\) or a "
+                                        r"tilescale.runtime.team.Team"):
+        tilescale.compile(pf, world_size=2, team=(1, 2, 2))
 
 
 # ------------------------------------------------------------------------------------------------ on GPUs

@@ -32,6 +32,7 @@ from .env import settings
 from .errors import ArchMismatchError, BackendError, LanguageError
 from .runtime.barrier_kernel import barrier_module
 from .runtime.distributed_kernel import DistributedKernel
+from .runtime.team import Team
 
 __all__ = ["jit", "compile", "build", "lower_source", "barrier_jit", "TileScaleJITImpl", "DistributedKernel",
            "BuildResult", "WORLD_SIZE_PARAMS", "default_target", "target_codes", "code_runs_on", "device_arch",
@@ -51,6 +52,9 @@ def compile(func=None, out_idx=None, execution_backend=None, target=None, target
     it runs among, tilescale.runtime.team.Team) the group's size, the job then any that holds the team's ranks."""
     if not isinstance(func, compat.prim_func_class()):
         raise TypeError(f"func: got {type(func).__name__}, expected a tilelang PrimFunc")
+    if team is not None and not isinstance(team, Team):
+        raise TypeError(f"tilescale.compile: team: got {type(team).__name__}, expected None (the whole world) or a "
+                        "tilescale.runtime.team.Team (the group's ranks the kernel runs among)")
     if settings.compile_only:   # built, not loaded: a script's compile-only run (tilescale/compilation/compile_only.py)
         from .compilation.compile_only import BuiltKernel
 
@@ -82,7 +86,7 @@ class TileScaleJITImpl(compat.jit_impl_base()):
         except TypeError:
             return {"world_size": None, "team": None}
         team = bound.arguments.get("team")
-        team = team if all(hasattr(team, a) for a in ("start", "stride", "size")) else None
+        team = team if isinstance(team, Team) else None
         sizes = (bound.arguments.get(n) for n in WORLD_SIZE_PARAMS)
         world = next((v for v in sizes if isinstance(v, int) and not isinstance(v, bool)), None)
         return {"world_size": world, "team": team}
